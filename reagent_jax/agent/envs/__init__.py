@@ -1,0 +1,31 @@
+"""Environments for the agent: the synthetic quickstart world and its expert / flawed trajectories."""
+
+from reagent_jax.agent.envs.expert import (
+    FLAWS,
+    MALFORMED_CALL_ERROR,
+    LabelledTrajectory,
+    WorldTools,
+    applicable_flaws,
+    expert_trajectory,
+    flawed_trajectory,
+    format_search_results,
+    labelled_trajectories,
+    message_texts,
+    run_python,
+)
+from reagent_jax.agent.envs.synthetic import (
+    DATA_SOURCE,
+    Entity,
+    Question,
+    SyntheticWorld,
+    Term,
+    WorldConfig,
+    apply_ops,
+    make_world,
+)
+
+__all__ = [
+    "DATA_SOURCE", "FLAWS", "MALFORMED_CALL_ERROR", "Entity", "LabelledTrajectory", "Question", "SyntheticWorld",
+    "Term", "WorldConfig", "WorldTools", "applicable_flaws", "apply_ops", "expert_trajectory", "flawed_trajectory",
+    "format_search_results", "labelled_trajectories", "make_world", "message_texts", "run_python",
+]

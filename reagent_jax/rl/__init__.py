@@ -1,0 +1,50 @@
+"""RL kernels: group advantages, policy / KL / DPO losses, loss aggregation (pure JAX)."""
+
+from reagent_jax.rl.advantages import (
+    ADVANTAGES,
+    GroupAdvantages,
+    dr_grpo_advantages,
+    get_advantage_fn,
+    group_ids_from_keys,
+    grpo_advantages,
+    register_advantage,
+    rloo_advantages,
+)
+from reagent_jax.rl.aggregation import (
+    AGG_MODES,
+    LossCounts,
+    aggregate_loss,
+    loss_counts,
+    masked_mean,
+    masked_sum,
+)
+from reagent_jax.rl.dpo import DPO_LOSS_TYPES, DPOOutput, dpo_loss
+from reagent_jax.rl.kl import KL_ESTIMATORS, entropy_from_logits, kl_penalty, kl_term, needs_reference_model
+from reagent_jax.rl.policy_loss import PolicyLossOutput, ppo_policy_loss
+
+__all__ = [
+    "ADVANTAGES",
+    "AGG_MODES",
+    "DPO_LOSS_TYPES",
+    "KL_ESTIMATORS",
+    "DPOOutput",
+    "GroupAdvantages",
+    "LossCounts",
+    "PolicyLossOutput",
+    "aggregate_loss",
+    "dpo_loss",
+    "dr_grpo_advantages",
+    "entropy_from_logits",
+    "get_advantage_fn",
+    "group_ids_from_keys",
+    "grpo_advantages",
+    "kl_penalty",
+    "kl_term",
+    "loss_counts",
+    "masked_mean",
+    "masked_sum",
+    "needs_reference_model",
+    "ppo_policy_loss",
+    "register_advantage",
+    "rloo_advantages",
+]
