@@ -115,3 +115,18 @@ def test_cached_forward_equals_full_forward(hf_qwen3):
   _, cache = models.forward_with_cache(cfg, params, tokens[:, :4], cache, jnp.array([0, 0]))
   l3, _ = models.forward_with_cache(cfg, params, tokens[:, 4:], cache, jnp.array([4, 4]))
   np.testing.assert_allclose(np.asarray(l3), full[:, 4:], atol=1e-4)
+
+
+def test_cached_forward_on_selected_slots(hf_qwen3):
+  """slot_ids route rows to cache rows; a padding row (write_index >= S) leaves the cache alone."""
+  path, _ = hf_qwen3()
+  cfg, params = models.load_hf_checkpoint(path)
+  tokens = np.random.default_rng(6).integers(0, cfg.vocab_size, (1, 6))
+  full = np.asarray(models.forward(cfg, params, tokens))
+  shape = (cfg.num_layers, 3, 16, cfg.num_kv_heads, cfg.head_dim)
+  cache = (jnp.zeros(shape), jnp.zeros(shape))
+  batch = np.concatenate([tokens, tokens])  # row 0 -> slot 2, row 1 is padding
+  logits, cache = models.forward_with_cache(cfg, params, batch, cache, jnp.array([0, 16]), jnp.array([2, 0]))
+  np.testing.assert_allclose(np.asarray(logits[0]), full[0], atol=1e-4)
+  k = np.asarray(cache[0])
+  assert np.all(k[:, 0] == 0) and np.all(k[:, 1] == 0) and np.any(k[:, 2, :6] != 0)

@@ -83,19 +83,24 @@ def forward(cfg: Qwen3Config, params, tokens: jax.Array, attention_mask: Optiona
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "mesh", "rules"), donate_argnames=("cache",))
-def forward_with_cache(cfg: Qwen3Config, params, tokens: jax.Array, cache, write_index: jax.Array, *,
-                       mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES):
-  """Appends tokens [B, T] to a KV cache at `write_index` [B] and returns (logits, cache).
+def forward_with_cache(cfg: Qwen3Config, params, tokens: jax.Array, cache, write_index: jax.Array,
+                       slot_ids: Optional[jax.Array] = None, *, mesh: Optional[Mesh] = None,
+                       rules: Rules = DEFAULT_RULES, return_hidden: bool = False):
+  """Appends tokens [B, T] to a KV cache and returns (logits [B, T, V] fp32, cache).
 
-  cache = (k, v), each [L, B, S, K, D]; row b's new tokens land at write_index[b] + t and attend
-  to every cached position <= their own. The cache is donated (updated in place).
+  cache = (k, v), each [L, N, S, K, D] (N cache rows >= B). Row b of `tokens` belongs to cache
+  row slot_ids[b] (default b); its tokens land at write_index[b] + t and attend to every cached
+  position <= their own (positions = cache indices). Writes past S are dropped: give padding
+  rows write_index >= S. The cache is donated (updated in place). return_hidden gives the final
+  hidden states [B, T, E] instead of logits (for the sampler's own projection).
   """
   tokens = jnp.asarray(tokens, jnp.int32)
   t = tokens.shape[1]
   positions = write_index[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
   key_valid = jnp.ones((tokens.shape[0], cache[0].shape[2]), bool)
   mask = attention_mask(positions, key_valid)
-  return Qwen3(cfg, mesh, rules).apply({"params": params}, tokens, positions, mask, cache, write_index)
+  return Qwen3(cfg, mesh, rules).apply({"params": params}, tokens, positions, mask, cache, write_index,
+                                       slot_ids, return_hidden=return_hidden)
 
 
 def _chunked_logprobs(cfg, params, h, targets, temperature, chunk_size, mesh, rules, with_entropy):

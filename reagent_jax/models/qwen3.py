@@ -73,8 +73,13 @@ class Attention(nn.Module):
   rules: Rules = DEFAULT_RULES
 
   @nn.compact
-  def __call__(self, x, positions, mask, layer_cache=None, write_index=None):
-    """x [b,t,e]; positions [b,t]; mask [b,t,s]; layer_cache (k, v) [b,S,k,d] or None."""
+  def __call__(self, x, positions, mask, layer_cache=None, write_index=None, slot_ids=None):
+    """x [b,t,e]; positions [b,t]; mask [b,t,s]; layer_cache (k, v) [n,S,k,d] or None.
+
+    With a cache, row b of x belongs to cache row slot_ids[b] (default b): its keys/values are
+    written at write_index[b] + t (writes past S are dropped, which is how padding rows of a
+    bucketed batch stay harmless) and it attends over that cache row.
+    """
     c = self.cfg
     dt, pdt = c.jnp_dtype, c.jnp_param_dtype
     wq = self.param("q", _init(("embed", "q_heads", "head_dim")), (c.hidden_size, c.num_heads, c.head_dim), pdt)
@@ -93,13 +98,16 @@ class Attention(nn.Module):
 
     new_cache = None
     if layer_cache is not None:
-      ck, cv = layer_cache  # [b, S, k, d]
-      b_idx = jnp.arange(x.shape[0])[:, None]
+      ck, cv = layer_cache  # [n, S, k, d]
+      rows = jnp.arange(x.shape[0]) if slot_ids is None else slot_ids  # [b]
       t_idx = write_index[:, None] + jnp.arange(x.shape[1])[None, :]  # [b, t]; OOB writes drop
-      ck = ck.at[b_idx, t_idx].set(k.astype(ck.dtype), mode="drop")
-      cv = cv.at[b_idx, t_idx].set(v.astype(cv.dtype), mode="drop")
+      ck = ck.at[rows[:, None], t_idx].set(k.astype(ck.dtype), mode="drop")
+      cv = cv.at[rows[:, None], t_idx].set(v.astype(cv.dtype), mode="drop")
       new_cache = (ck, cv)
-      k, v = ck.astype(dt), cv.astype(dt)
+      if slot_ids is None:
+        k, v = ck.astype(dt), cv.astype(dt)
+      else:
+        k, v = ck[rows].astype(dt), cv[rows].astype(dt)  # [b, S, k, d]
 
     b, t = q.shape[:2]
     qg = q.reshape(b, t, c.num_kv_heads, c.num_groups, c.head_dim)
@@ -138,14 +146,14 @@ class DecoderLayer(nn.Module):
   rules: Rules = DEFAULT_RULES
 
   @nn.compact
-  def __call__(self, carry, positions, mask, write_index):
+  def __call__(self, carry, positions, mask, write_index, slot_ids):
     x, cache, layer = carry  # cache: None or (k_all, v_all) [l, b, S, k, d]
     c = self.cfg
     layer_cache = None
     if cache is not None:
       layer_cache = (cache[0][layer], cache[1][layer])
     h = RMSNorm(c.hidden_size, c.rms_norm_eps, c.jnp_param_dtype, name="input_norm")(x)
-    a, new_layer_cache = Attention(c, self.mesh, self.rules, name="attn")(h, positions, mask, layer_cache, write_index)
+    a, new_layer_cache = Attention(c, self.mesh, self.rules, name="attn")(h, positions, mask, layer_cache, write_index, slot_ids)
     x = x + a.astype(x.dtype)
     h = RMSNorm(c.hidden_size, c.rms_norm_eps, c.jnp_param_dtype, name="post_attn_norm")(x)
     x = x + MLP(c, self.mesh, self.rules, name="mlp")(h).astype(x.dtype)
@@ -178,7 +186,7 @@ class Qwen3(nn.Module):
       layer_cls = nn.remat(DecoderLayer, policy=_REMAT[c.remat_policy], prevent_cse=False)
     self.layers = nn.scan(
         layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
-        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_layers,
+        in_axes=(nn.broadcast,) * 4, length=c.num_layers,
         unroll=1 if c.scan_layers else c.num_layers,
         metadata_params={nn.PARTITION_NAME: "layers"})(c, self.mesh, self.rules, name="layers")
     self.final_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.jnp_param_dtype)
@@ -190,11 +198,12 @@ class Qwen3(nn.Module):
     """[e, v] projection (the transposed embedding when tied)."""
     return self.embedding.T if self.cfg.tie_word_embeddings else self.lm_head
 
-  def __call__(self, tokens, positions, mask, cache=None, write_index=None, return_hidden=False):
+  def __call__(self, tokens, positions, mask, cache=None, write_index=None, slot_ids=None,
+               return_hidden=False):
     c = self.cfg
     x = jnp.take(self.embedding, tokens, axis=0).astype(c.jnp_dtype)  # [b, t, e]
     x = constrain(x, ("batch", "act_len", "act_embed"), self.mesh, self.rules)
-    (x, cache, _), _ = self.layers((x, cache, jnp.int32(0)), positions, mask, write_index)
+    (x, cache, _), _ = self.layers((x, cache, jnp.int32(0)), positions, mask, write_index, slot_ids)
     h = self.final_norm(x)
     if return_hidden:
       return h, cache
