@@ -1,0 +1,57 @@
+r"""Throughput benchmarks; prints one JSON object and optionally writes it to --json_out.
+
+  python launch/bench.py --mode=forward --preset=bench-512 --batch=4 --seq_len=512
+  python launch/bench.py --mode=rollout --preset=bench-256 --batch=16 --prompt_len=64 --new_tokens=64
+  python launch/bench.py --mode=train_step --preset=bench-256
+  python launch/bench.py --mode=grpo_step --preset=bench-256
+
+Figures are medians over --iters runs; ratios are against a baseline run in the same process.
+"""
+from __future__ import annotations
+
+import json
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("mode", "forward", ["forward", "rollout", "train_step", "grpo_step", "tools"], "What to measure.")
+flags.DEFINE_string("preset", "bench-512", "Model shape preset (reagent_jax.models.preset_names()).")
+flags.DEFINE_integer("batch", 4, "Batch size.")
+flags.DEFINE_integer("seq_len", 512, "Sequence length (forward / train_step).")
+flags.DEFINE_integer("prompt_len", 64, "Prompt tokens (rollout).")
+flags.DEFINE_integer("new_tokens", 64, "Generated tokens (rollout).")
+flags.DEFINE_integer("iters", 3, "Timed repetitions (median reported).")
+flags.DEFINE_bool("baseline", True, "Also run the transformers/torch baseline where the mode has one.")
+flags.DEFINE_string("json_out", None, "Write the JSON result here too.")
+
+
+def main(argv):
+  del argv
+  from reagent_jax import models
+  cfg = models.preset(FLAGS.preset)
+  if FLAGS.mode == "forward":
+    from reagent_jax.models import bench
+    result = bench.run(cfg, batch=FLAGS.batch, seq_len=FLAGS.seq_len, iters=FLAGS.iters, with_torch=FLAGS.baseline)
+  elif FLAGS.mode == "rollout":
+    from reagent_jax.rollout import bench
+    result = bench.run(cfg, batch=FLAGS.batch, prompt_len=FLAGS.prompt_len, new_tokens=FLAGS.new_tokens,
+                       iters=FLAGS.iters, with_torch=FLAGS.baseline)
+  elif FLAGS.mode == "train_step":
+    from reagent_jax.trainers import bench
+    result = bench.run_train_step(cfg, batch=FLAGS.batch, seq_len=FLAGS.seq_len, iters=FLAGS.iters)
+  elif FLAGS.mode == "grpo_step":
+    from reagent_jax.trainers import bench
+    result = bench.run_grpo_step(cfg, iters=FLAGS.iters)
+  else:
+    from reagent_jax.agent import bench
+    result = bench.run(iters=FLAGS.iters)
+  result = {"mode": FLAGS.mode, "preset": FLAGS.preset, **result}
+  text = json.dumps(result, indent=2, sort_keys=True)
+  print(text)
+  if FLAGS.json_out:
+    with open(FLAGS.json_out, "w") as f:
+      f.write(text + "\n")
+
+
+if __name__ == "__main__":
+  app.run(main)

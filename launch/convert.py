@@ -1,0 +1,37 @@
+r"""Converts checkpoints between HF safetensors and reagent_jax Orbax params.
+
+  python launch/convert.py --direction=hf_to_orbax --src=/ckpts/Qwen3-8B --dst=/ckpts/qwen3_8b_orbax
+  python launch/convert.py --direction=orbax_to_hf --src=/runs/x/export --dst=/ckpts/out --dtype=bfloat16
+
+Use `--mesh=gpu8` (or another preset) to shard while converting large models.
+"""
+from __future__ import annotations
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("direction", None, ["hf_to_orbax", "orbax_to_hf"], "Conversion direction.")
+flags.DEFINE_string("src", None, "Source checkpoint directory.")
+flags.DEFINE_string("dst", None, "Destination directory.")
+flags.DEFINE_string("dtype", "float32", "Parameter dtype to write (float32 or bfloat16).")
+flags.DEFINE_string("mesh", None, "Optional mesh preset (see reagent_jax.parallel.MESH_PRESETS).")
+flags.DEFINE_integer("max_shard_mb", 4096, "HF output: max size of one safetensors file.")
+flags.mark_flags_as_required(["direction", "src", "dst"])
+
+
+def main(argv):
+  del argv
+  from reagent_jax import checkpoint, models, parallel
+  mesh = parallel.mesh_from_preset(FLAGS.mesh) if FLAGS.mesh else None
+  if FLAGS.direction == "hf_to_orbax":
+    cfg, params = models.load_hf_checkpoint(FLAGS.src, dtype=FLAGS.dtype, mesh=mesh)
+    checkpoint.save_params(FLAGS.dst, cfg, params)
+  else:
+    cfg, params = checkpoint.load_params(FLAGS.src, mesh=mesh)
+    models.save_hf_checkpoint(FLAGS.dst, cfg, params, dtype=FLAGS.dtype,
+                              max_shard_bytes=FLAGS.max_shard_mb * 1024 ** 2)
+  print(f"wrote {FLAGS.dst} ({cfg.num_params() / 1e6:.1f}M params, {FLAGS.direction})")
+
+
+if __name__ == "__main__":
+  app.run(main)
