@@ -26,32 +26,32 @@ flags.DEFINE_string("json_out", None, "Write the JSON result here too.")
 
 
 def main(argv):
-  del argv
-  from reagent_jax import models
-  cfg = models.preset(FLAGS.preset)
-  if FLAGS.mode == "forward":
-    from reagent_jax.models import bench
-    result = bench.run(cfg, batch=FLAGS.batch, seq_len=FLAGS.seq_len, iters=FLAGS.iters, with_torch=FLAGS.baseline)
-  elif FLAGS.mode == "rollout":
-    from reagent_jax.rollout import bench
-    result = bench.run(cfg, batch=FLAGS.batch, prompt_len=FLAGS.prompt_len, new_tokens=FLAGS.new_tokens,
-                       iters=FLAGS.iters, with_torch=FLAGS.baseline)
-  elif FLAGS.mode == "train_step":
-    from reagent_jax.trainers import bench
-    result = bench.run_train_step(cfg, batch=FLAGS.batch, seq_len=FLAGS.seq_len, iters=FLAGS.iters)
-  elif FLAGS.mode == "grpo_step":
-    from reagent_jax.trainers import bench
-    result = bench.run_grpo_step(cfg, iters=FLAGS.iters)
-  else:
-    from reagent_jax.agent import bench
-    result = bench.run(iters=FLAGS.iters)
-  result = {"mode": FLAGS.mode, "preset": FLAGS.preset, **result}
-  text = json.dumps(result, indent=2, sort_keys=True)
-  print(text)
-  if FLAGS.json_out:
-    with open(FLAGS.json_out, "w") as f:
-      f.write(text + "\n")
+    del argv
+    from reagent_jax import models
+    cfg = models.preset(FLAGS.preset)
+    if FLAGS.mode == "forward":
+        from reagent_jax.models import bench
+        result = bench.run(cfg, batch=FLAGS.batch, seq_len=FLAGS.seq_len, iters=FLAGS.iters, with_torch=FLAGS.baseline)
+    elif FLAGS.mode == "rollout":
+        from reagent_jax.rollout import bench
+        result = bench.run(cfg, batch=FLAGS.batch, prompt_len=FLAGS.prompt_len, new_tokens=FLAGS.new_tokens,
+                           iters=FLAGS.iters, with_torch=FLAGS.baseline)
+    elif FLAGS.mode == "train_step":
+        from reagent_jax.trainers import bench
+        result = bench.run_train_step(cfg, batch=FLAGS.batch, seq_len=FLAGS.seq_len, iters=FLAGS.iters)
+    elif FLAGS.mode == "grpo_step":
+        from reagent_jax.trainers import bench
+        result = bench.run_grpo_step(cfg, iters=FLAGS.iters)
+    else:
+        from reagent_jax.agent import bench
+        result = bench.run(iters=FLAGS.iters)
+    result = {"mode": FLAGS.mode, "preset": FLAGS.preset, **result}
+    text = json.dumps(result, indent=2, sort_keys=True)
+    print(text)
+    if FLAGS.json_out:
+        with open(FLAGS.json_out, "w") as f:
+            f.write(text + "\n")
 
 
 if __name__ == "__main__":
-  app.run(main)
+    app.run(main)

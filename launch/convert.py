@@ -20,18 +20,18 @@ flags.mark_flags_as_required(["direction", "src", "dst"])
 
 
 def main(argv):
-  del argv
-  from reagent_jax import checkpoint, models, parallel
-  mesh = parallel.mesh_from_preset(FLAGS.mesh) if FLAGS.mesh else None
-  if FLAGS.direction == "hf_to_orbax":
-    cfg, params = models.load_hf_checkpoint(FLAGS.src, dtype=FLAGS.dtype, mesh=mesh)
-    checkpoint.save_params(FLAGS.dst, cfg, params)
-  else:
-    cfg, params = checkpoint.load_params(FLAGS.src, mesh=mesh)
-    models.save_hf_checkpoint(FLAGS.dst, cfg, params, dtype=FLAGS.dtype,
-                              max_shard_bytes=FLAGS.max_shard_mb * 1024 ** 2)
-  print(f"wrote {FLAGS.dst} ({cfg.num_params() / 1e6:.1f}M params, {FLAGS.direction})")
+    del argv
+    from reagent_jax import checkpoint, models, parallel
+    mesh = parallel.mesh_from_preset(FLAGS.mesh) if FLAGS.mesh else None
+    if FLAGS.direction == "hf_to_orbax":
+        cfg, params = models.load_hf_checkpoint(FLAGS.src, dtype=FLAGS.dtype, mesh=mesh)
+        checkpoint.save_params(FLAGS.dst, cfg, params)
+    else:
+        cfg, params = checkpoint.load_params(FLAGS.src, mesh=mesh)
+        models.save_hf_checkpoint(FLAGS.dst, cfg, params, dtype=FLAGS.dtype,
+                                  max_shard_bytes=FLAGS.max_shard_mb * 1024 ** 2)
+    print(f"wrote {FLAGS.dst} ({cfg.num_params() / 1e6:.1f}M params, {FLAGS.direction})")
 
 
 if __name__ == "__main__":
-  app.run(main)
+    app.run(main)

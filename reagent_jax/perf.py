@@ -13,59 +13,59 @@ import numpy as np
 
 
 def block(x):
-  return jax.tree.map(lambda a: a.block_until_ready() if hasattr(a, "block_until_ready") else a, x)
+    return jax.tree.map(lambda a: a.block_until_ready() if hasattr(a, "block_until_ready") else a, x)
 
 
 def time_calls(fn: Callable[[], object], iters: int = 5, warmup: int = 1) -> list[float]:
-  """Wall seconds of `iters` calls of fn (results blocked on), after `warmup` calls."""
-  for _ in range(warmup):
-    block(fn())
-  out = []
-  for _ in range(iters):
-    t0 = time.perf_counter()
-    block(fn())
-    out.append(time.perf_counter() - t0)
-  return out
+    """Wall seconds of `iters` calls of fn (results blocked on), after `warmup` calls."""
+    for _ in range(warmup):
+        block(fn())
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        block(fn())
+        out.append(time.perf_counter() - t0)
+    return out
 
 
 def median(xs: list[float]) -> float:
-  return float(statistics.median(xs))
+    return float(statistics.median(xs))
 
 
 def matmul_peak_flops(n: int = 2048, dtype=jnp.float32, iters: int = 5) -> float:
-  """Median FLOP/s of an [n, n] x [n, n] matmul on the default device."""
-  a = jnp.ones((n, n), dtype)
-  b = jnp.ones((n, n), dtype) * 0.5
-  f = jax.jit(lambda x, y: x @ y)
-  return 2.0 * n ** 3 / median(time_calls(lambda: f(a, b), iters=iters, warmup=2))
+    """Median FLOP/s of an [n, n] x [n, n] matmul on the default device."""
+    a = jnp.ones((n, n), dtype)
+    b = jnp.ones((n, n), dtype) * 0.5
+    f = jax.jit(lambda x, y: x @ y)
+    return 2.0 * n ** 3 / median(time_calls(lambda: f(a, b), iters=iters, warmup=2))
 
 
 def memory_bandwidth(mb: int = 256, iters: int = 5) -> float:
-  """Median bytes/s of a device-side read+write pass over `mb` MiB (x * 2 + 1)."""
-  n = mb * 1024 * 1024 // 4
-  x = jnp.ones((n,), jnp.float32)
-  f = jax.jit(lambda v: v * 2.0 + 1.0)
-  return 2.0 * n * 4 / median(time_calls(lambda: f(x), iters=iters, warmup=2))
+    """Median bytes/s of a device-side read+write pass over `mb` MiB (x * 2 + 1)."""
+    n = mb * 1024 * 1024 // 4
+    x = jnp.ones((n,), jnp.float32)
+    f = jax.jit(lambda v: v * 2.0 + 1.0)
+    return 2.0 * n * 4 / median(time_calls(lambda: f(x), iters=iters, warmup=2))
 
 
 def peak_memory_bytes() -> int:
-  """Peak device memory where the backend reports it, else this process's max RSS."""
-  try:
-    stats = jax.devices()[0].memory_stats() or {}
-    if "peak_bytes_in_use" in stats:
-      return int(stats["peak_bytes_in_use"])
-  except Exception:  # CPU backends report nothing
-    pass
-  import resource
-  return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    """Peak device memory where the backend reports it, else this process's max RSS."""
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+        if "peak_bytes_in_use" in stats:
+            return int(stats["peak_bytes_in_use"])
+    except Exception:  # CPU backends report nothing
+        pass
+    import resource
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def set_torch_threads() -> None:
-  """Give torch the same cores JAX uses, so side-by-side numbers are fair."""
-  import os
-  import torch
-  torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+    """Give torch the same cores JAX uses, so side-by-side numbers are fair."""
+    import os
+    import torch
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
 
 
 def as_np(x) -> np.ndarray:
-  return np.asarray(jax.device_get(x))
+    return np.asarray(jax.device_get(x))

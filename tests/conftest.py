@@ -9,36 +9,36 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
 
 
 def make_hf_qwen3(out_dir, seed=0, **shape):
-  """Saves a random `Qwen3ForCausalLM` with the given shape; returns (dir, torch model)."""
-  import torch
-  from transformers import Qwen3Config, Qwen3ForCausalLM
-  kw = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
-            rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=512)
-  kw.update(shape)
-  torch.manual_seed(seed)
-  cfg = Qwen3Config(**kw)
-  model = Qwen3ForCausalLM(cfg).eval()
-  with torch.no_grad():  # HF inits norms to 1 and some weights small; perturb everything
-    for p in model.parameters():
-      p.add_(torch.randn_like(p) * 0.05)
-  model.save_pretrained(out_dir, safe_serialization=True)
-  return str(out_dir), model
+    """Saves a random `Qwen3ForCausalLM` with the given shape; returns (dir, torch model)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    kw = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
+              rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=512)
+    kw.update(shape)
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(**kw)
+    model = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():  # HF inits norms to 1 and some weights small; perturb everything
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return str(out_dir), model
 
 
 def hf_logits(model, tokens, attention_mask=None, position_ids=None):
-  import torch
-  with torch.no_grad():
-    kw = {}
-    if attention_mask is not None:
-      kw["attention_mask"] = torch.tensor(np.asarray(attention_mask))
-    if position_ids is not None:
-      kw["position_ids"] = torch.tensor(np.asarray(position_ids))
-    return model(torch.tensor(np.asarray(tokens)), **kw).logits.float().numpy()
+    import torch
+    with torch.no_grad():
+        kw = {}
+        if attention_mask is not None:
+            kw["attention_mask"] = torch.tensor(np.asarray(attention_mask))
+        if position_ids is not None:
+            kw["position_ids"] = torch.tensor(np.asarray(position_ids))
+        return model(torch.tensor(np.asarray(tokens)), **kw).logits.float().numpy()
 
 
 @pytest.fixture
 def hf_qwen3(tmp_path):
-  def make(**shape):
-    return make_hf_qwen3(tmp_path / f"ckpt{len(os.listdir(tmp_path))}", **shape)
-  return make
+    def make(**shape):
+        return make_hf_qwen3(tmp_path / f"ckpt{len(os.listdir(tmp_path))}", **shape)
+    return make

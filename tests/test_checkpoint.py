@@ -14,33 +14,33 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_convert_hf_to_orbax_and_back(hf_qwen3, tmp_path):
-  path, hf = hf_qwen3(tie_word_embeddings=True)
-  orbax_dir, hf_dir = tmp_path / "orbax", tmp_path / "hf_out"
-  for direction, src, dst in (("hf_to_orbax", path, orbax_dir), ("orbax_to_hf", orbax_dir, hf_dir)):
-    out = subprocess.run([sys.executable, os.path.join(REPO, "launch/convert.py"), f"--direction={direction}",
-                          f"--src={src}", f"--dst={dst}"], capture_output=True, text=True, cwd=REPO)
-    assert out.returncode == 0, out.stderr[-2000:]
-  cfg, params = checkpoint.load_params(str(orbax_dir))
-  tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 7))
-  np.testing.assert_allclose(np.asarray(models.forward(cfg, params, tokens)), hf_logits(hf, tokens), atol=1e-4)
-  from transformers import Qwen3ForCausalLM
-  np.testing.assert_allclose(hf_logits(Qwen3ForCausalLM.from_pretrained(str(hf_dir)), tokens),
-                             hf_logits(hf, tokens), atol=1e-5)
+    path, hf = hf_qwen3(tie_word_embeddings=True)
+    orbax_dir, hf_dir = tmp_path / "orbax", tmp_path / "hf_out"
+    for direction, src, dst in (("hf_to_orbax", path, orbax_dir), ("orbax_to_hf", orbax_dir, hf_dir)):
+        out = subprocess.run([sys.executable, os.path.join(REPO, "launch/convert.py"), f"--direction={direction}",
+                              f"--src={src}", f"--dst={dst}"], capture_output=True, text=True, cwd=REPO)
+        assert out.returncode == 0, out.stderr[-2000:]
+    cfg, params = checkpoint.load_params(str(orbax_dir))
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 7))
+    np.testing.assert_allclose(np.asarray(models.forward(cfg, params, tokens)), hf_logits(hf, tokens), atol=1e-4)
+    from transformers import Qwen3ForCausalLM
+    np.testing.assert_allclose(hf_logits(Qwen3ForCausalLM.from_pretrained(str(hf_dir)), tokens),
+                               hf_logits(hf, tokens), atol=1e-5)
 
 
 def test_load_params_rejects_non_checkpoint(tmp_path):
-  with pytest.raises(FileNotFoundError, match="not a reagent_jax params checkpoint"):
-    checkpoint.load_params(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="not a reagent_jax params checkpoint"):
+        checkpoint.load_params(str(tmp_path))
 
 
 def test_train_checkpointer_keeps_last_n_and_restores(tmp_path):
-  ck = checkpoint.TrainCheckpointer(str(tmp_path / "ck"), keep=2)
-  state = {"w": jax.numpy.arange(6.0).reshape(2, 3), "step": jax.numpy.int32(0)}
-  for step in range(1, 4):
-    ck.save(step, {"w": state["w"] * step, "step": jax.numpy.int32(step)}, {"data_pos": step * 10})
-  assert ck.all_steps() == [2, 3]
-  restored, meta = ck.restore(state)
-  assert meta == {"data_pos": 30} and int(restored["step"]) == 3
-  np.testing.assert_array_equal(np.asarray(restored["w"]), np.asarray(state["w"]) * 3)
-  with pytest.raises(FileNotFoundError):
-    checkpoint.TrainCheckpointer(str(tmp_path / "none")).restore(state)
+    ck = checkpoint.TrainCheckpointer(str(tmp_path / "ck"), keep=2)
+    state = {"w": jax.numpy.arange(6.0).reshape(2, 3), "step": jax.numpy.int32(0)}
+    for step in range(1, 4):
+        ck.save(step, {"w": state["w"] * step, "step": jax.numpy.int32(step)}, {"data_pos": step * 10})
+    assert ck.all_steps() == [2, 3]
+    restored, meta = ck.restore(state)
+    assert meta == {"data_pos": 30} and int(restored["step"]) == 3
+    np.testing.assert_array_equal(np.asarray(restored["w"]), np.asarray(state["w"]) * 3)
+    with pytest.raises(FileNotFoundError):
+        checkpoint.TrainCheckpointer(str(tmp_path / "none")).restore(state)

@@ -1,0 +1,39 @@
+"""EvalPlanner: plan-then-execute judge prompts, output parser and pairwise accuracy helpers.
+
+    from reagent_jax import evalplanner as ep
+    msgs = ep.judge_messages(instruction, response_a, response_b)
+    e = ep.parse_evaluation(text)              # e.plan, e.execution, e.verdict, e.status
+    ep.verdict_score(e, correct="A")           # 1.0 / 0.0 / 0.5 (no single verdict)
+"""
+
+from reagent_jax.evalplanner.parser import (
+    Evaluation,
+    VerdictStatus,
+    pairwise_accuracy,
+    parse_evaluation,
+    parse_plan,
+    position_consistent_accuracy,
+    strip_thinking,
+    verdict_score,
+)
+from reagent_jax.evalplanner.prompts import (
+    EXEC_END,
+    EXEC_START,
+    FINAL_VERDICT,
+    PLAN_END,
+    PLAN_START,
+    VERDICTS,
+    execution_messages,
+    format_execution_output,
+    format_judge_output,
+    judge_messages,
+    plan_messages,
+    verdict_only_messages,
+)
+
+__all__ = [
+    "EXEC_END", "EXEC_START", "FINAL_VERDICT", "PLAN_END", "PLAN_START", "VERDICTS", "Evaluation", "VerdictStatus",
+    "execution_messages", "format_execution_output", "format_judge_output", "judge_messages", "pairwise_accuracy",
+    "parse_evaluation", "parse_plan", "plan_messages", "position_consistent_accuracy", "strip_thinking",
+    "verdict_only_messages", "verdict_score",
+]

@@ -31,217 +31,217 @@ _LAYER = "model.layers.{i}."
 
 
 def _hf_layout(cfg: Qwen3Config):
-  """Leaf path -> (HF name template, kind). `{i}` marks a stacked per-layer tensor."""
-  m = {
-      ("embed",): ("model.embed_tokens.weight", "copy"),
-      ("final_norm", "scale"): ("model.norm.weight", "copy"),
-      ("layers", "input_norm", "scale"): (_LAYER + "input_layernorm.weight", "copy"),
-      ("layers", "post_attn_norm", "scale"): (_LAYER + "post_attention_layernorm.weight", "copy"),
-      ("layers", "attn", "q"): (_LAYER + "self_attn.q_proj.weight", "heads_out"),
-      ("layers", "attn", "k"): (_LAYER + "self_attn.k_proj.weight", "heads_out"),
-      ("layers", "attn", "v"): (_LAYER + "self_attn.v_proj.weight", "heads_out"),
-      ("layers", "attn", "o"): (_LAYER + "self_attn.o_proj.weight", "heads_in"),
-      ("layers", "attn", "q_norm", "scale"): (_LAYER + "self_attn.q_norm.weight", "copy"),
-      ("layers", "attn", "k_norm", "scale"): (_LAYER + "self_attn.k_norm.weight", "copy"),
-      ("layers", "mlp", "gate"): (_LAYER + "mlp.gate_proj.weight", "T"),
-      ("layers", "mlp", "up"): (_LAYER + "mlp.up_proj.weight", "T"),
-      ("layers", "mlp", "down"): (_LAYER + "mlp.down_proj.weight", "T"),
-  }
-  if not cfg.tie_word_embeddings:
-    m[("lm_head",)] = ("lm_head.weight", "T")
-  return m
+    """Leaf path -> (HF name template, kind). `{i}` marks a stacked per-layer tensor."""
+    m = {
+        ("embed",): ("model.embed_tokens.weight", "copy"),
+        ("final_norm", "scale"): ("model.norm.weight", "copy"),
+        ("layers", "input_norm", "scale"): (_LAYER + "input_layernorm.weight", "copy"),
+        ("layers", "post_attn_norm", "scale"): (_LAYER + "post_attention_layernorm.weight", "copy"),
+        ("layers", "attn", "q"): (_LAYER + "self_attn.q_proj.weight", "heads_out"),
+        ("layers", "attn", "k"): (_LAYER + "self_attn.k_proj.weight", "heads_out"),
+        ("layers", "attn", "v"): (_LAYER + "self_attn.v_proj.weight", "heads_out"),
+        ("layers", "attn", "o"): (_LAYER + "self_attn.o_proj.weight", "heads_in"),
+        ("layers", "attn", "q_norm", "scale"): (_LAYER + "self_attn.q_norm.weight", "copy"),
+        ("layers", "attn", "k_norm", "scale"): (_LAYER + "self_attn.k_norm.weight", "copy"),
+        ("layers", "mlp", "gate"): (_LAYER + "mlp.gate_proj.weight", "T"),
+        ("layers", "mlp", "up"): (_LAYER + "mlp.up_proj.weight", "T"),
+        ("layers", "mlp", "down"): (_LAYER + "mlp.down_proj.weight", "T"),
+    }
+    if not cfg.tie_word_embeddings:
+        m[("lm_head",)] = ("lm_head.weight", "T")
+    return m
 
 
 def _path_key(path) -> tuple[str, ...]:
-  return tuple(getattr(p, "key", getattr(p, "name", str(p))) for p in path)
+    return tuple(getattr(p, "key", getattr(p, "name", str(p))) for p in path)
 
 
 def _norm(s: slice, n: int) -> tuple[int, int]:
-  start, stop, _ = s.indices(n)
-  return start, stop
+    start, stop, _ = s.indices(n)
+    return start, stop
 
 
 class _Reader:
-  """Lazy access to the tensors of a (possibly multi-file) safetensors checkpoint."""
+    """Lazy access to the tensors of a (possibly multi-file) safetensors checkpoint."""
 
-  def __init__(self, path: str):
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.exists(index):
-      with open(index) as f:
-        self.where = {k: os.path.join(path, v) for k, v in json.load(f)["weight_map"].items()}
-    else:
-      files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-      if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {path}")
-      self.where = {}
-      for fn in files:
-        with safe_open(fn, framework="np") as f:
-          self.where.update({k: fn for k in f.keys()})
-    self._handles = {}
+    def __init__(self, path: str):
+        index = os.path.join(path, "model.safetensors.index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                self.where = {k: os.path.join(path, v) for k, v in json.load(f)["weight_map"].items()}
+        else:
+            files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+            if not files:
+                raise FileNotFoundError(f"no *.safetensors files in {path}")
+            self.where = {}
+            for fn in files:
+                with safe_open(fn, framework="np") as f:
+                    self.where.update({k: fn for k in f.keys()})
+        self._handles = {}
 
-  def slice(self, name: str):
-    if name not in self.where:
-      raise KeyError(f"tensor {name!r} missing from the checkpoint")
-    fn = self.where[name]
-    if fn not in self._handles:
-      self._handles[fn] = safe_open(fn, framework="np")
-    return self._handles[fn].get_slice(name)
+    def slice(self, name: str):
+        if name not in self.where:
+            raise KeyError(f"tensor {name!r} missing from the checkpoint")
+        fn = self.where[name]
+        if fn not in self._handles:
+            self._handles[fn] = safe_open(fn, framework="np")
+        return self._handles[fn].get_slice(name)
 
-  def close(self):
-    self._handles.clear()
+    def close(self):
+        self._handles.clear()
 
 
 def _read_block(sl, kind: str, idx: list[tuple[int, int]], cfg: Qwen3Config, shape) -> np.ndarray:
-  """Reads the part of one HF tensor that lands in target block `idx` (per target dim)."""
-  if kind == "copy":
-    return sl[tuple(slice(a, b) for a, b in idx)]
-  if kind == "T":  # target [A, B] = hf[B, A].T
-    (a0, a1), (b0, b1) = idx
-    return sl[b0:b1, a0:a1].T
-  d = cfg.head_dim
-  if kind == "heads_out":  # target [E, N, D] from hf [N*D, E]
-    (e0, e1), (n0, n1), (d0, d1) = idx
-    blk = sl[n0 * d:n1 * d, e0:e1].T  # [e, n*D]
-    return blk.reshape(e1 - e0, n1 - n0, d)[:, :, d0:d1]
-  if kind == "heads_in":  # target [H, D, E] from hf [E, H*D]
-    (n0, n1), (d0, d1), (e0, e1) = idx
-    blk = sl[e0:e1, n0 * d:n1 * d].T  # [n*D, e]
-    return blk.reshape(n1 - n0, d, e1 - e0)[:, d0:d1, :]
-  raise ValueError(kind)
+    """Reads the part of one HF tensor that lands in target block `idx` (per target dim)."""
+    if kind == "copy":
+        return sl[tuple(slice(a, b) for a, b in idx)]
+    if kind == "T":  # target [A, B] = hf[B, A].T
+        (a0, a1), (b0, b1) = idx
+        return sl[b0:b1, a0:a1].T
+    d = cfg.head_dim
+    if kind == "heads_out":  # target [E, N, D] from hf [N*D, E]
+        (e0, e1), (n0, n1), (d0, d1) = idx
+        blk = sl[n0 * d:n1 * d, e0:e1].T  # [e, n*D]
+        return blk.reshape(e1 - e0, n1 - n0, d)[:, :, d0:d1]
+    if kind == "heads_in":  # target [H, D, E] from hf [E, H*D]
+        (n0, n1), (d0, d1), (e0, e1) = idx
+        blk = sl[e0:e1, n0 * d:n1 * d].T  # [n*D, e]
+        return blk.reshape(n1 - n0, d, e1 - e0)[:, d0:d1, :]
+    raise ValueError(kind)
 
 
 def _check_shape(sl, name, kind, target_shape, cfg):
-  got = tuple(sl.get_shape())
-  if kind == "copy":
-    want = tuple(target_shape)
-  elif kind == "T":
-    want = tuple(target_shape[::-1])
-  elif kind == "heads_out":
-    want = (target_shape[1] * target_shape[2], target_shape[0])
-  else:
-    want = (target_shape[2], target_shape[0] * target_shape[1])
-  if got != want:
-    raise ValueError(f"checkpoint tensor {name} has shape {got}, config.json implies {want}")
+    got = tuple(sl.get_shape())
+    if kind == "copy":
+        want = tuple(target_shape)
+    elif kind == "T":
+        want = tuple(target_shape[::-1])
+    elif kind == "heads_out":
+        want = (target_shape[1] * target_shape[2], target_shape[0])
+    else:
+        want = (target_shape[2], target_shape[0] * target_shape[1])
+    if got != want:
+        raise ValueError(f"checkpoint tensor {name} has shape {got}, config.json implies {want}")
 
 
 def load_hf_checkpoint(path: str, dtype=None, mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES,
                        **config_overrides):
-  """Reads `config.json` + safetensors (one file or sharded with an index) -> (cfg, params).
+    """Reads `config.json` + safetensors (one file or sharded with an index) -> (cfg, params).
 
-  dtype: parameter dtype (default float32). The compute dtype follows it unless
-  `compute_dtype=` is given (training configs use fp32 params + "bfloat16" compute). Other
-  keyword overrides go to `Qwen3Config` (e.g. scan_layers, remat_policy). With a mesh each leaf
-  is created directly with its target sharding, each device shard read from disk on its own.
-  """
-  dt = np.dtype(dtype if dtype is not None else np.float32).name
-  config_overrides.setdefault("param_dtype", dt)
-  config_overrides.setdefault("compute_dtype", dt)
-  cfg = Qwen3Config.from_hf_json(path, **config_overrides)
-  reader = _Reader(path)
-  layout = _hf_layout(cfg)
-  shapes = param_shapes(cfg)
-  shardings = param_shardings(cfg, mesh, rules) if mesh is not None else None
-  target_dtype = cfg.jnp_param_dtype
-  unknown = set(reader.where) - {t.format(i=i) for t, _ in layout.values() for i in range(cfg.num_layers)}
-  unknown -= {"lm_head.weight"}  # tied checkpoints sometimes store it anyway
-  if unknown:
-    raise ValueError(f"checkpoint has tensors this Qwen3 model does not use: {sorted(unknown)[:5]} ...")
+    dtype: parameter dtype (default float32). The compute dtype follows it unless
+    `compute_dtype=` is given (training configs use fp32 params + "bfloat16" compute). Other
+    keyword overrides go to `Qwen3Config` (e.g. scan_layers, remat_policy). With a mesh each leaf
+    is created directly with its target sharding, each device shard read from disk on its own.
+    """
+    dt = np.dtype(dtype if dtype is not None else np.float32).name
+    config_overrides.setdefault("param_dtype", dt)
+    config_overrides.setdefault("compute_dtype", dt)
+    cfg = Qwen3Config.from_hf_json(path, **config_overrides)
+    reader = _Reader(path)
+    layout = _hf_layout(cfg)
+    shapes = param_shapes(cfg)
+    shardings = param_shardings(cfg, mesh, rules) if mesh is not None else None
+    target_dtype = cfg.jnp_param_dtype
+    unknown = set(reader.where) - {t.format(i=i) for t, _ in layout.values() for i in range(cfg.num_layers)}
+    unknown -= {"lm_head.weight"}  # tied checkpoints sometimes store it anyway
+    if unknown:
+        raise ValueError(f"checkpoint has tensors this Qwen3 model does not use: {sorted(unknown)[:5]} ...")
 
-  def build(path_, leaf):
-    key = _path_key(path_)
-    template, kind = layout[key]
-    stacked = key[0] == "layers"
-    shape = leaf.shape
-    inner = shape[1:] if stacked else shape
-    _check_shape(reader.slice(template.format(i=0)), template.format(i=0), kind, inner, cfg)
+    def build(path_, leaf):
+        key = _path_key(path_)
+        template, kind = layout[key]
+        stacked = key[0] == "layers"
+        shape = leaf.shape
+        inner = shape[1:] if stacked else shape
+        _check_shape(reader.slice(template.format(i=0)), template.format(i=0), kind, inner, cfg)
 
-    def block(index) -> np.ndarray:
-      idx = [_norm(s, n) for s, n in zip(index, shape)]
-      if not stacked:
-        out = _read_block(reader.slice(template), kind, idx, cfg, shape)
-      else:
-        (l0, l1), rest = idx[0], idx[1:]
-        out = np.stack([_read_block(reader.slice(template.format(i=i)), kind, rest, cfg, inner)
-                        for i in range(l0, l1)])
-      return np.ascontiguousarray(out.astype(target_dtype))
+        def block(index) -> np.ndarray:
+            idx = [_norm(s, n) for s, n in zip(index, shape)]
+            if not stacked:
+                out = _read_block(reader.slice(template), kind, idx, cfg, shape)
+            else:
+                (l0, l1), rest = idx[0], idx[1:]
+                out = np.stack([_read_block(reader.slice(template.format(i=i)), kind, rest, cfg, inner)
+                                for i in range(l0, l1)])
+            return np.ascontiguousarray(out.astype(target_dtype))
 
-    if shardings is None:
-      return jax.device_put(block(tuple(slice(None) for _ in shape)))
-    sharding = _leaf(shardings, path_)
-    return jax.make_array_from_callback(shape, sharding, block)
+        if shardings is None:
+            return jax.device_put(block(tuple(slice(None) for _ in shape)))
+        sharding = _leaf(shardings, path_)
+        return jax.make_array_from_callback(shape, sharding, block)
 
-  try:
-    params = jax.tree_util.tree_map_with_path(build, shapes)
-  finally:
-    reader.close()
-  return cfg, params
+    try:
+        params = jax.tree_util.tree_map_with_path(build, shapes)
+    finally:
+        reader.close()
+    return cfg, params
 
 
 def _leaf(tree, path):
-  for p in path:
-    tree = tree[getattr(p, "key", getattr(p, "name", p))]
-  return tree
+    for p in path:
+        tree = tree[getattr(p, "key", getattr(p, "name", p))]
+    return tree
 
 
 def _to_hf(kind: str, x: np.ndarray) -> np.ndarray:
-  if kind == "copy":
-    return x
-  if kind == "T":
-    return x.T
-  if kind == "heads_out":  # [E, N, D] -> [N*D, E]
-    return x.reshape(x.shape[0], -1).T
-  return x.reshape(-1, x.shape[-1]).T  # heads_in: [H, D, E] -> [E, H*D]
+    if kind == "copy":
+        return x
+    if kind == "T":
+        return x.T
+    if kind == "heads_out":  # [E, N, D] -> [N*D, E]
+        return x.reshape(x.shape[0], -1).T
+    return x.reshape(-1, x.shape[-1]).T  # heads_in: [H, D, E] -> [E, H*D]
 
 
 def hf_state_dict(cfg: Qwen3Config, params, dtype=None,
                   gather: Callable = jax.device_get) -> dict[str, np.ndarray]:
-  """params -> {HF tensor name: numpy array} (one leaf gathered at a time)."""
-  out = {}
-  for path_, leaf in jax.tree_util.tree_leaves_with_path(params):
-    template, kind = _hf_layout(cfg)[_path_key(path_)]
-    x = np.asarray(gather(leaf))
-    if dtype is not None:
-      x = x.astype(dtype)
-    if _path_key(path_)[0] == "layers":
-      for i in range(cfg.num_layers):
-        out[template.format(i=i)] = np.ascontiguousarray(_to_hf(kind, x[i]))
-    else:
-      out[template] = np.ascontiguousarray(_to_hf(kind, x))
-  return out
+    """params -> {HF tensor name: numpy array} (one leaf gathered at a time)."""
+    out = {}
+    for path_, leaf in jax.tree_util.tree_leaves_with_path(params):
+        template, kind = _hf_layout(cfg)[_path_key(path_)]
+        x = np.asarray(gather(leaf))
+        if dtype is not None:
+            x = x.astype(dtype)
+        if _path_key(path_)[0] == "layers":
+            for i in range(cfg.num_layers):
+                out[template.format(i=i)] = np.ascontiguousarray(_to_hf(kind, x[i]))
+        else:
+            out[template] = np.ascontiguousarray(_to_hf(kind, x))
+    return out
 
 
 def save_hf_checkpoint(out_dir: str, cfg: Qwen3Config, params, dtype=None,
                        max_shard_bytes: int = 4 * 1024 ** 3) -> list[str]:
-  """Writes config.json + safetensors loadable by `transformers` (sharded with an index above
-  `max_shard_bytes`). dtype: e.g. "bfloat16" to halve the size. Returns the files written."""
-  os.makedirs(out_dir, exist_ok=True)
-  np_dtype = None if dtype is None else np.dtype(dtype)
-  tensors = hf_state_dict(cfg, params, np_dtype)
-  hf_cfg = cfg.to_hf_dict()
-  hf_cfg["torch_dtype"] = (np_dtype or cfg.jnp_param_dtype).name
-  hf_cfg["dtype"] = hf_cfg["torch_dtype"]
-  with open(os.path.join(out_dir, "config.json"), "w") as f:
-    json.dump(hf_cfg, f, indent=2)
-  shards, cur, size = [], {}, 0
-  for name, arr in tensors.items():
-    if cur and size + arr.nbytes > max_shard_bytes:
-      shards.append(cur)
-      cur, size = {}, 0
-    cur[name] = arr
-    size += arr.nbytes
-  shards.append(cur)
-  files = []
-  if len(shards) == 1:
-    fn = os.path.join(out_dir, "model.safetensors")
-    save_file(shards[0], fn, metadata={"format": "pt"})
-    return [fn]
-  weight_map = {}
-  for i, shard in enumerate(shards):
-    base = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-    save_file(shard, os.path.join(out_dir, base), metadata={"format": "pt"})
-    weight_map.update({k: base for k in shard})
-    files.append(os.path.join(out_dir, base))
-  total = sum(a.nbytes for a in tensors.values())
-  with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
-    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-  return files
+    """Writes config.json + safetensors loadable by `transformers` (sharded with an index above
+    `max_shard_bytes`). dtype: e.g. "bfloat16" to halve the size. Returns the files written."""
+    os.makedirs(out_dir, exist_ok=True)
+    np_dtype = None if dtype is None else np.dtype(dtype)
+    tensors = hf_state_dict(cfg, params, np_dtype)
+    hf_cfg = cfg.to_hf_dict()
+    hf_cfg["torch_dtype"] = (np_dtype or cfg.jnp_param_dtype).name
+    hf_cfg["dtype"] = hf_cfg["torch_dtype"]
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(hf_cfg, f, indent=2)
+    shards, cur, size = [], {}, 0
+    for name, arr in tensors.items():
+        if cur and size + arr.nbytes > max_shard_bytes:
+            shards.append(cur)
+            cur, size = {}, 0
+        cur[name] = arr
+        size += arr.nbytes
+    shards.append(cur)
+    files = []
+    if len(shards) == 1:
+        fn = os.path.join(out_dir, "model.safetensors")
+        save_file(shards[0], fn, metadata={"format": "pt"})
+        return [fn]
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        base = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(out_dir, base), metadata={"format": "pt"})
+        weight_map.update({k: base for k in shard})
+        files.append(os.path.join(out_dir, base))
+    total = sum(a.nbytes for a in tensors.values())
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    return files

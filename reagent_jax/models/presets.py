@@ -29,20 +29,20 @@ _TINY = {
 
 
 def preset(name: str, **overrides) -> Qwen3Config:
-  """Returns the config of a named shape; keyword overrides win (e.g. compute_dtype="float32")."""
-  key = name.lower()
-  if key in _RELEASED:
-    e, f, l, h, k, tied = _RELEASED[key]
-    kw = dict(hidden_size=e, intermediate_size=f, num_layers=l, num_heads=h, num_kv_heads=k,
-              head_dim=128, tie_word_embeddings=tied, vocab_size=151936,
-              max_position_embeddings=40960, rope_theta=1_000_000.0)
-  elif key in _TINY:
-    kw = dict(_TINY[key])
-  else:
-    raise KeyError(f"unknown preset {name!r}; known: {sorted(_RELEASED) + sorted(_TINY)}")
-  kw.update(overrides)
-  return Qwen3Config(**kw)
+    """Returns the config of a named shape; keyword overrides win (e.g. compute_dtype="float32")."""
+    key = name.lower()
+    if key in _RELEASED:
+        e, f, l, h, k, tied = _RELEASED[key]
+        kw = dict(hidden_size=e, intermediate_size=f, num_layers=l, num_heads=h, num_kv_heads=k,
+                  head_dim=128, tie_word_embeddings=tied, vocab_size=151936,
+                  max_position_embeddings=40960, rope_theta=1_000_000.0)
+    elif key in _TINY:
+        kw = dict(_TINY[key])
+    else:
+        raise KeyError(f"unknown preset {name!r}; known: {sorted(_RELEASED) + sorted(_TINY)}")
+    kw.update(overrides)
+    return Qwen3Config(**kw)
 
 
 def preset_names() -> list[str]:
-  return sorted(_RELEASED) + sorted(_TINY)
+    return sorted(_RELEASED) + sorted(_TINY)

@@ -29,52 +29,52 @@ MESH_PRESETS = {
 
 def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1,
               devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
-  """A (data, fsdp, tensor) mesh over `devices` (default: all). One size may be -1 (the rest)."""
-  devices = list(devices if devices is not None else jax.devices())
-  sizes = [data, fsdp, tensor]
-  if sizes.count(-1) > 1:
-    raise ValueError(f"at most one mesh axis may be -1, got data={data} fsdp={fsdp} tensor={tensor}")
-  known = int(np.prod([s for s in sizes if s != -1]))
-  if -1 in sizes:
-    if len(devices) % known:
-      raise ValueError(f"{len(devices)} devices are not divisible by the fixed axes product {known}")
-    sizes[sizes.index(-1)] = len(devices) // known
-  if int(np.prod(sizes)) != len(devices):
-    raise ValueError(f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} = {int(np.prod(sizes))} "
-                     f"does not match the {len(devices)} available devices")
-  try:
-    from jax.experimental import mesh_utils
-    grid = mesh_utils.create_device_mesh(sizes, devices=devices)
-  except Exception:  # odd topologies / CPU: plain order is fine
-    grid = np.array(devices).reshape(sizes)
-  return Mesh(grid, MESH_AXES)
+    """A (data, fsdp, tensor) mesh over `devices` (default: all). One size may be -1 (the rest)."""
+    devices = list(devices if devices is not None else jax.devices())
+    sizes = [data, fsdp, tensor]
+    if sizes.count(-1) > 1:
+        raise ValueError(f"at most one mesh axis may be -1, got data={data} fsdp={fsdp} tensor={tensor}")
+    known = int(np.prod([s for s in sizes if s != -1]))
+    if -1 in sizes:
+        if len(devices) % known:
+            raise ValueError(f"{len(devices)} devices are not divisible by the fixed axes product {known}")
+        sizes[sizes.index(-1)] = len(devices) // known
+    if int(np.prod(sizes)) != len(devices):
+        raise ValueError(f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} = {int(np.prod(sizes))} "
+                         f"does not match the {len(devices)} available devices")
+    try:
+        from jax.experimental import mesh_utils
+        grid = mesh_utils.create_device_mesh(sizes, devices=devices)
+    except Exception:  # odd topologies / CPU: plain order is fine
+        grid = np.array(devices).reshape(sizes)
+    return Mesh(grid, MESH_AXES)
 
 
 def mesh_from_preset(name: str, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
-  if name not in MESH_PRESETS:
-    raise KeyError(f"unknown mesh preset {name!r}; known: {sorted(MESH_PRESETS)}")
-  return make_mesh(*MESH_PRESETS[name], devices=devices)
+    if name not in MESH_PRESETS:
+        raise KeyError(f"unknown mesh preset {name!r}; known: {sorted(MESH_PRESETS)}")
+    return make_mesh(*MESH_PRESETS[name], devices=devices)
 
 
 def maybe_initialize_distributed(coordinator_address: Optional[str] = None,
                                  num_processes: Optional[int] = None,
                                  process_id: Optional[int] = None) -> bool:
-  """Calls `jax.distributed.initialize` for multi-host runs; a no-op on one host.
+    """Calls `jax.distributed.initialize` for multi-host runs; a no-op on one host.
 
-  Arguments fall back to the env vars `REAGENT_COORDINATOR`, `REAGENT_NUM_PROCESSES`,
-  `REAGENT_PROCESS_ID`. On Cloud TPU and SLURM, JAX auto-detects everything: set
-  `REAGENT_DISTRIBUTED=1` to initialise with no arguments.
-  """
-  coordinator_address = coordinator_address or os.environ.get("REAGENT_COORDINATOR")
-  if num_processes is None and "REAGENT_NUM_PROCESSES" in os.environ:
-    num_processes = int(os.environ["REAGENT_NUM_PROCESSES"])
-  if process_id is None and "REAGENT_PROCESS_ID" in os.environ:
-    process_id = int(os.environ["REAGENT_PROCESS_ID"])
-  if coordinator_address:
-    jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id)
-    return True
-  if os.environ.get("REAGENT_DISTRIBUTED") == "1":
-    jax.distributed.initialize()
-    return True
-  return False
+    Arguments fall back to the env vars `REAGENT_COORDINATOR`, `REAGENT_NUM_PROCESSES`,
+    `REAGENT_PROCESS_ID`. On Cloud TPU and SLURM, JAX auto-detects everything: set
+    `REAGENT_DISTRIBUTED=1` to initialise with no arguments.
+    """
+    coordinator_address = coordinator_address or os.environ.get("REAGENT_COORDINATOR")
+    if num_processes is None and "REAGENT_NUM_PROCESSES" in os.environ:
+        num_processes = int(os.environ["REAGENT_NUM_PROCESSES"])
+    if process_id is None and "REAGENT_PROCESS_ID" in os.environ:
+        process_id = int(os.environ["REAGENT_PROCESS_ID"])
+    if coordinator_address:
+        jax.distributed.initialize(coordinator_address=coordinator_address,
+                                   num_processes=num_processes, process_id=process_id)
+        return True
+    if os.environ.get("REAGENT_DISTRIBUTED") == "1":
+        jax.distributed.initialize()
+        return True
+    return False

@@ -45,52 +45,52 @@ DEFAULT_RULES: Rules = (
 
 
 def _lookup(rules: Rules, name: Optional[str]) -> tuple[str, ...]:
-  if name is None:
-    return ()
-  for key, axes in rules:
-    if key == name:
-      if axes is None:
+    if name is None:
         return ()
-      return (axes,) if isinstance(axes, str) else tuple(axes)
-  raise KeyError(f"logical axis {name!r} has no rule; add it to the rules table")
+    for key, axes in rules:
+        if key == name:
+            if axes is None:
+                return ()
+            return (axes,) if isinstance(axes, str) else tuple(axes)
+    raise KeyError(f"logical axis {name!r} has no rule; add it to the rules table")
 
 
 def logical_to_spec(logical_axes: Sequence[Optional[str]], shape: Optional[Sequence[int]] = None,
                     mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES) -> P:
-  """PartitionSpec for an array with these logical axes.
+    """PartitionSpec for an array with these logical axes.
 
-  With `shape` and `mesh`, mesh axes that do not divide a dimension (or are already used by an
-  earlier dimension) are dropped, so the spec is always valid for that array.
-  """
-  used: set[str] = set()
-  out = []
-  for i, name in enumerate(logical_axes):
-    axes = [a for a in _lookup(rules, name) if a not in used]
-    if mesh is not None:
-      axes = [a for a in axes if a in mesh.shape and mesh.shape[a] > 1]
-      if shape is not None:
-        while axes and shape[i] % int(np.prod([mesh.shape[a] for a in axes])):
-          axes.pop()
-    used.update(axes)
-    out.append(None if not axes else (axes[0] if len(axes) == 1 else tuple(axes)))
-  return P(*out)
+    With `shape` and `mesh`, mesh axes that do not divide a dimension (or are already used by an
+    earlier dimension) are dropped, so the spec is always valid for that array.
+    """
+    used: set[str] = set()
+    out = []
+    for i, name in enumerate(logical_axes):
+        axes = [a for a in _lookup(rules, name) if a not in used]
+        if mesh is not None:
+            axes = [a for a in axes if a in mesh.shape and mesh.shape[a] > 1]
+            if shape is not None:
+                while axes and shape[i] % int(np.prod([mesh.shape[a] for a in axes])):
+                    axes.pop()
+        used.update(axes)
+        out.append(None if not axes else (axes[0] if len(axes) == 1 else tuple(axes)))
+    return P(*out)
 
 
 def named_sharding(mesh: Mesh, logical_axes: Sequence[Optional[str]],
                    shape: Optional[Sequence[int]] = None, rules: Rules = DEFAULT_RULES) -> NamedSharding:
-  return NamedSharding(mesh, logical_to_spec(logical_axes, shape, mesh, rules))
+    return NamedSharding(mesh, logical_to_spec(logical_axes, shape, mesh, rules))
 
 
 def tree_shardings(mesh: Mesh, axes_tree, shapes_tree, rules: Rules = DEFAULT_RULES):
-  """Pytree of NamedShardings from a pytree of logical-axes tuples and a matching shapes pytree."""
-  is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
-  return jax.tree.map(lambda ax, s: named_sharding(mesh, ax, getattr(s, "shape", s), rules),
-                      axes_tree, shapes_tree, is_leaf=is_axes)
+    """Pytree of NamedShardings from a pytree of logical-axes tuples and a matching shapes pytree."""
+    is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
+    return jax.tree.map(lambda ax, s: named_sharding(mesh, ax, getattr(s, "shape", s), rules),
+                        axes_tree, shapes_tree, is_leaf=is_axes)
 
 
 def constrain(x: jax.Array, logical_axes: Sequence[Optional[str]], mesh: Optional[Mesh],
               rules: Rules = DEFAULT_RULES) -> jax.Array:
-  """Sharding constraint on an activation; a no-op without a mesh (single device)."""
-  if mesh is None or mesh.size == 1:
-    return x
-  return jax.lax.with_sharding_constraint(x, named_sharding(mesh, logical_axes, x.shape, rules))
+    """Sharding constraint on an activation; a no-op without a mesh (single device)."""
+    if mesh is None or mesh.size == 1:
+        return x
+    return jax.lax.with_sharding_constraint(x, named_sharding(mesh, logical_axes, x.shape, rules))

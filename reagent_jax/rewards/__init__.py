@@ -1,0 +1,44 @@
+"""Rule rewards: boxed-answer extraction, EM/F1, math equivalence, adaptive dispatch by source."""
+
+from reagent_jax.rewards.dispatch import (
+    MATH_SOURCES,
+    QA_SOURCES,
+    RewardResult,
+    compute_reward,
+    score_answer,
+    source_kind,
+)
+from reagent_jax.rewards.extraction import BoxedAnswer, extract_boxed_answer, find_last_boxed, strip_latex_text
+from reagent_jax.rewards.math_equiv import math_equal, math_verify_equal, strings_equivalent
+from reagent_jax.rewards.qa import (
+    F1_THRESHOLD,
+    em_f1_score,
+    exact_match,
+    normalize_answer,
+    qa_score,
+    token_f1,
+    yes_no_score,
+)
+
+__all__ = [
+    "F1_THRESHOLD",
+    "MATH_SOURCES",
+    "QA_SOURCES",
+    "BoxedAnswer",
+    "RewardResult",
+    "compute_reward",
+    "em_f1_score",
+    "exact_match",
+    "extract_boxed_answer",
+    "find_last_boxed",
+    "math_equal",
+    "math_verify_equal",
+    "normalize_answer",
+    "qa_score",
+    "score_answer",
+    "source_kind",
+    "strings_equivalent",
+    "strip_latex_text",
+    "token_f1",
+    "yes_no_score",
+]

@@ -1,0 +1,97 @@
+"""Reduce per-token losses to a scalar, exactly invariant to micro-batching.
+
+verl's ``agg_loss`` modes, with the denominators passed in from the *global* batch. When every
+micro-batch is normalised by the global token / sequence count, the sum of the micro-batch losses
+(and of their gradients) equals the loss of the whole batch: gradient accumulation and data
+parallelism then change nothing but memory use. When the counts are omitted they are taken from
+the batch at hand, which is right only when that batch is the whole batch.
+
+Modes (``m``: loss mask, ``l``: per-token loss, ``i`` sequences, ``t`` tokens):
+  token-mean               sum_it l*m / num_tokens
+  seq-mean-token-mean      sum_i (sum_t l*m / max(sum_t m, 1)) / num_seqs
+  seq-mean-token-sum       sum_it l*m / num_seqs
+  seq-mean-token-sum-norm  sum_it l*m / (num_seqs * norm_length)      (Dr. GRPO)
+
+``norm_length`` defaults to ``T`` (the padded length, as verl's ``loss_scale_factor=None``); set it
+to a constant (e.g. max response length) when micro-batches are padded to different lengths.
+Older verl releases divided seq-mean-token-sum-norm by ``T`` only, not by the sequence count; we
+follow current verl (and Dr. GRPO's per-sequence mean) and divide by both.
+
+``num_seqs`` counts sequences with at least one loss token: all-masked rows are padding and add
+nothing to either numerator or denominator.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+ArrayLike = jax.Array | float | int
+
+
+class LossCounts(NamedTuple):
+    """Denominators of a whole (global) batch, computed once before splitting it."""
+
+    num_tokens: jax.Array  # [] float32, number of loss tokens
+    num_seqs: jax.Array  # [] float32, number of rows with at least one loss token
+
+
+def loss_counts(loss_mask: jax.Array) -> LossCounts:
+    """Counts of a loss mask [B, T]; compute on the full batch and pass them to every micro-batch."""
+    mask = jnp.asarray(loss_mask).astype(jnp.float32)  # [B, T]
+    if mask.ndim != 2:
+        raise ValueError(f"loss_mask must be [B, T], got shape {mask.shape}")
+    return LossCounts(num_tokens=jnp.sum(mask), num_seqs=jnp.sum(jnp.any(mask > 0, axis=-1)).astype(jnp.float32))
+
+
+def masked_sum(values: jax.Array, mask: jax.Array, axis=None) -> jax.Array:
+    """Sum of ``values`` where ``mask`` is set; NaN/inf outside the mask cannot leak in."""
+    mask = jnp.asarray(mask).astype(bool)
+    return jnp.sum(jnp.where(mask, values, 0.0), axis=axis)
+
+
+def masked_mean(values: jax.Array, mask: jax.Array, axis=None) -> jax.Array:
+    """Mean over masked entries; 0 where nothing is masked in (never NaN)."""
+    total = masked_sum(values, mask, axis=axis)
+    count = jnp.sum(jnp.asarray(mask).astype(jnp.float32), axis=axis)
+    return total / jnp.maximum(count, 1.0)
+
+
+def aggregate_loss(
+    token_loss: jax.Array,  # [B, T]
+    loss_mask: jax.Array,  # [B, T] (bool or 0/1)
+    mode: str = "token-mean",
+    *,
+    global_num_tokens: ArrayLike | None = None,
+    global_num_seqs: ArrayLike | None = None,
+    norm_length: ArrayLike | None = None,
+) -> jax.Array:  # [] scalar
+    """Aggregate per-token losses with global denominators (see module docstring)."""
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown loss aggregation mode {mode!r}; expected one of {AGG_MODES}")
+    if token_loss.ndim != 2 or token_loss.shape != jnp.shape(loss_mask):
+        raise ValueError(
+            f"token_loss and loss_mask must both be [B, T]; got {token_loss.shape} and {jnp.shape(loss_mask)}"
+        )
+    mask = jnp.asarray(loss_mask).astype(bool)  # [B, T]
+    local = loss_counts(mask)
+    num_tokens = local.num_tokens if global_num_tokens is None else jnp.asarray(global_num_tokens, jnp.float32)
+    num_seqs = local.num_seqs if global_num_seqs is None else jnp.asarray(global_num_seqs, jnp.float32)
+
+    if mode == "token-mean":
+        return masked_sum(token_loss, mask) / jnp.maximum(num_tokens, 1.0)
+
+    seq_sum = masked_sum(token_loss, mask, axis=-1)  # [B]
+    if mode == "seq-mean-token-mean":
+        seq_len = jnp.sum(mask.astype(jnp.float32), axis=-1)  # [B]
+        seq_value = seq_sum / jnp.maximum(seq_len, 1.0)
+    elif mode == "seq-mean-token-sum":
+        seq_value = seq_sum
+    else:  # seq-mean-token-sum-norm
+        length = token_loss.shape[-1] if norm_length is None else norm_length
+        seq_value = seq_sum / jnp.asarray(length, jnp.float32)
+    return jnp.sum(seq_value) / jnp.maximum(num_seqs, 1.0)
