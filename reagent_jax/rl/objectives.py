@@ -1,0 +1,139 @@
+"""Training objectives for `make_train_step`: SFT, GRPO (PPO-clip + KL) and DPO.
+
+Each objective is a frozen (hashable) dataclass with
+  counts(batch) -> dict          global denominators, computed once over the whole batch
+  loss(params, micro, counts)    -> (scalar, metrics); values are per-micro-batch contributions
+                                 that sum to the whole-batch value.
+Batches are dicts of arrays with a leading batch axis; all masks are aligned with `tokens`
+(see `models.token_logprobs`: position t scores tokens[t] given tokens[:t]).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from reagent_jax.models.config import Qwen3Config
+from reagent_jax.models.functional import token_logprobs
+from reagent_jax.rl.aggregation import aggregate_loss, loss_counts, masked_mean
+from reagent_jax.rl.dpo import dpo_loss
+from reagent_jax.rl.kl import kl_penalty
+from reagent_jax.rl.policy_loss import ppo_policy_loss
+
+
+def _weighted(local_mean, local_count, global_count):
+    """A micro-batch mean re-weighted so that summing over micro-batches gives the global mean."""
+    return local_mean * local_count / jnp.maximum(global_count, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTObjective:
+    """Next-token NLL on loss-masked tokens (assistant turns only), token-mean over the batch.
+
+    batch: tokens [B, T], attention_mask [B, T], loss_mask [B, T].
+    """
+    cfg: Qwen3Config
+    chunk_size: int = 256
+
+    def counts(self, batch):
+        return {"num_tokens": jnp.sum(batch["loss_mask"].astype(jnp.float32))}
+
+    def loss(self, params, mb, counts):
+        lp = token_logprobs(self.cfg, params, mb["tokens"], mb["attention_mask"], chunk_size=self.chunk_size)
+        mask = mb["loss_mask"].astype(jnp.float32)
+        nll = -jnp.sum(lp * mask) / jnp.maximum(counts["num_tokens"], 1.0)
+        return nll, {"sft/nll": nll, "sft/num_tokens": jnp.sum(mask)}
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOObjective:
+    """Clipped policy gradient (clip-higher, dual clip) + beta * KL(policy || ref), aggregated with
+    global counts.
+
+    batch: tokens, attention_mask, loss_mask, old_logprobs [B, T]; advantages [B] or [B, T];
+    ref_logprobs [B, T] when beta != 0. `temperature` must be the sampling temperature so the
+    logprobs here use the rollout engine's definition.
+    """
+    cfg: Qwen3Config
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    dual_clip_c: float = 3.0
+    beta: float = 0.0
+    kl_kind: str = "k3"
+    loss_agg_mode: str = "token-mean"
+    temperature: float = 1.0
+    entropy_coef: float = 0.0
+    chunk_size: int = 256
+
+    def counts(self, batch):
+        c = loss_counts(batch["loss_mask"])
+        return {"num_tokens": c.num_tokens, "num_seqs": c.num_seqs}
+
+    def loss(self, params, mb, counts):
+        mask = mb["loss_mask"].astype(jnp.float32)
+        lp, ent = token_logprobs(self.cfg, params, mb["tokens"], mb["attention_mask"], temperature=self.temperature,
+                                 chunk_size=self.chunk_size, return_entropy=True)
+        pg = ppo_policy_loss(lp, mb["old_logprobs"], mb["advantages"], mask, eps_low=self.eps_low,
+                             eps_high=self.eps_high, dual_clip_c=self.dual_clip_c)
+        agg = lambda x: aggregate_loss(x, mask, self.loss_agg_mode, global_num_tokens=counts["num_tokens"],
+                                       global_num_seqs=counts["num_seqs"])
+        pg_loss = agg(pg.token_loss)
+        total = pg_loss
+        local_tokens = jnp.sum(mask)
+        w = lambda m: _weighted(m, local_tokens, counts["num_tokens"])
+        metrics = {"actor/pg_loss": pg_loss, "actor/entropy": w(masked_mean(ent, mask)),
+                   "actor/pg_clipfrac": w(pg.metrics["pg_clipfrac"]),
+                   "actor/pg_clipfrac_lower": w(pg.metrics["pg_clipfrac_lower"]),
+                   "actor/ppo_kl": w(pg.metrics["ppo_kl"])}
+        if self.beta:
+            kl = kl_penalty(lp, mb["ref_logprobs"], self.kl_kind)
+            kl_loss = agg(kl)
+            total = total + self.beta * kl_loss
+            metrics["actor/kl_loss"] = kl_loss
+        if self.entropy_coef:
+            total = total - self.entropy_coef * agg(ent)
+        return total, metrics
+
+
+def sequence_logps(cfg: Qwen3Config, params, tokens, attention_mask, loss_mask, chunk_size: int = 256):
+    """Sum of token logprobs over loss-masked tokens per row: [B, T] inputs -> [B]."""
+    lp = token_logprobs(cfg, params, tokens, attention_mask, chunk_size=chunk_size)
+    return jnp.sum(lp * loss_mask.astype(jnp.float32), axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class DPOObjective:
+    """DPO-family loss on (chosen, rejected) pairs packed together in one forward pass.
+
+    batch: tokens, attention_mask, loss_mask [P, 2, T] (index 0 = chosen, 1 = rejected; loss_mask
+    marks the judged completion); ref_logps [P, 2] (precomputed with the frozen reference, which
+    then never needs to be in memory during the update); pair_mask [P] (optional, padding pairs 0).
+    """
+    cfg: Qwen3Config
+    loss_type: str = "sigmoid"
+    beta: float = 0.1
+    label_smoothing: float = 0.0
+    nll_coef: float = 0.0
+    chunk_size: int = 256
+
+    def counts(self, batch):
+        pm = batch.get("pair_mask", jnp.ones(batch["tokens"].shape[:1]))
+        return {"num_pairs": jnp.sum(pm.astype(jnp.float32))}
+
+    def loss(self, params, mb, counts):
+        p, _, t = mb["tokens"].shape
+        flat = lambda x: x.reshape(2 * p, t)
+        logps = sequence_logps(self.cfg, params, flat(mb["tokens"]), flat(mb["attention_mask"]),
+                               flat(mb["loss_mask"]), self.chunk_size).reshape(p, 2)
+        lengths = jnp.sum(mb["loss_mask"].astype(jnp.float32), axis=-1)  # [P, 2]
+        pm = mb.get("pair_mask", jnp.ones((p,)))
+        out = dpo_loss(logps[:, 0], logps[:, 1], mb["ref_logps"][:, 0], mb["ref_logps"][:, 1],
+                       loss_type=self.loss_type, beta=self.beta, label_smoothing=self.label_smoothing,
+                       chosen_lengths=lengths[:, 0], rejected_lengths=lengths[:, 1], pair_mask=pm.astype(bool),
+                       global_num_pairs=counts["num_pairs"])
+        local = jnp.sum(pm.astype(jnp.float32))
+        metrics = {k: _weighted(v, local, counts["num_pairs"]) for k, v in out.metrics.items()}
+        nll = _weighted(out.chosen_nll, local, counts["num_pairs"])
+        metrics["dpo/loss"] = out.loss
+        metrics["dpo/chosen_nll"] = nll
+        return out.loss + self.nll_coef * nll, metrics

@@ -1,0 +1,142 @@
+"""The one jitted train step every trainer uses (SFT, GRPO, RRM, DPO): micro-batches with gradient
+accumulation, global-norm clipping, AdamW, explicit shardings, donation, and a NaN guard.
+
+An *objective* (see `objectives.py`) supplies `counts(batch)` (global denominators computed once
+over the whole batch) and `loss(params, micro_batch, counts) -> (loss, metrics)` whose values are
+contributions that *sum* over micro-batches to the whole-batch value. Summing gradients over
+micro-batches therefore equals the gradient of one big batch, whatever the split.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from reagent_jax.parallel.rules import named_sharding
+
+
+class TrainState(NamedTuple):
+    step: jax.Array  # [] int32: updates attempted
+    params: Any
+    opt_state: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    learning_rate: float = 1e-5
+    warmup_steps: int = 0
+    decay: str = "constant"  # constant | cosine | linear
+    total_steps: int = 1000
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0
+
+
+def make_optimizer(c: OptimizerConfig) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW on a warmup + decay schedule."""
+    if c.decay == "constant":
+        decay = optax.constant_schedule(c.learning_rate)
+    elif c.decay == "cosine":
+        decay = optax.cosine_decay_schedule(c.learning_rate, max(1, c.total_steps - c.warmup_steps))
+    elif c.decay == "linear":
+        decay = optax.linear_schedule(c.learning_rate, 0.0, max(1, c.total_steps - c.warmup_steps))
+    else:
+        raise ValueError(f"unknown decay {c.decay!r}; use constant, cosine or linear")
+    schedule = decay if c.warmup_steps <= 0 else optax.join_schedules(
+        [optax.linear_schedule(0.0, c.learning_rate, c.warmup_steps), decay], [c.warmup_steps])
+    chain = [optax.adamw(schedule, b1=c.b1, b2=c.b2, eps=c.eps, weight_decay=c.weight_decay)]
+    if c.max_grad_norm and c.max_grad_norm > 0:
+        chain.insert(0, optax.clip_by_global_norm(c.max_grad_norm))
+    return optax.chain(*chain)
+
+
+def opt_state_shardings(opt_state_shapes, params_shardings, mesh: Mesh):
+    """Optimizer-state leaves shaped like the params (Adam moments) take the params' shardings;
+    everything else (counters) is replicated."""
+    params_def = jax.tree.structure(params_shardings)
+    replicated = NamedSharding(mesh, P())
+
+    def is_params_like(x):
+        try:
+            return jax.tree.structure(x) == params_def
+        except Exception:
+            return False
+
+    return jax.tree.map(lambda x: params_shardings if is_params_like(x) else replicated, opt_state_shapes,
+                        is_leaf=is_params_like)
+
+
+def state_shardings(params_shardings, optimizer, mesh: Mesh, params_shapes) -> TrainState:
+    opt_shapes = jax.eval_shape(optimizer.init, params_shapes)
+    return TrainState(NamedSharding(mesh, P()), params_shardings,
+                      opt_state_shardings(opt_shapes, params_shardings, mesh))
+
+
+def init_state(params, optimizer, shardings: Optional[TrainState] = None) -> TrainState:
+    init = lambda p: TrainState(jnp.zeros((), jnp.int32), p, optimizer.init(p))
+    if shardings is None:
+        return jax.jit(init)(params)
+    return jax.jit(init, out_shardings=shardings)(params)
+
+
+def shard_batch(batch: dict, mesh: Optional[Mesh]) -> dict:
+    """Puts every batch array on the mesh, leading (batch) axis over data x fsdp."""
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    if mesh is None:
+        return batch
+    return {k: jax.device_put(v, named_sharding(mesh, ("batch",) + (None,) * (v.ndim - 1), v.shape))
+            for k, v in batch.items()}
+
+
+def _split(batch: dict, n: int) -> dict:
+    def one(x):
+        if x.shape[0] % n:
+            raise ValueError(f"batch size {x.shape[0]} is not divisible by {n} micro-batches")
+        return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+    return {k: one(v) for k, v in batch.items()}
+
+
+def make_train_step(objective, optimizer: optax.GradientTransformation, *, num_micro_batches: int = 1,
+                    shardings: Optional[TrainState] = None) -> Callable[[TrainState, dict], tuple]:
+    """Returns jitted `step(state, batch) -> (state, metrics)`; the old state is donated.
+
+    A step whose loss or gradient norm is not finite leaves params and optimizer state unchanged
+    and reports `train/skipped_nonfinite = 1` (training goes on).
+    """
+
+    def step(state: TrainState, batch: dict):
+        counts = objective.counts(batch)
+        micro = _split(batch, num_micro_batches)
+        grad_fn = jax.value_and_grad(objective.loss, has_aux=True)
+        first = jax.tree.map(lambda x: x[0], micro)
+        loss_shape, metric_shape = jax.eval_shape(lambda p, b: objective.loss(p, b, counts), state.params, first)
+        zeros = lambda t: jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), t)
+        init = (jnp.zeros((), jnp.float32), zeros(metric_shape),
+                jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params))
+
+        def body(acc, mb):
+            (loss, metrics), grads = grad_fn(state.params, mb, counts)
+            grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+            return jax.tree.map(jnp.add, acc, (loss, metrics, grads)), None
+
+        (loss, metrics, grads), _ = jax.lax.scan(body, init, micro)
+        grad_norm = optax.tree.norm(grads)
+        ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b).astype(b.dtype), new, old)
+        state = TrainState(state.step + 1, keep(new_params, state.params), keep(new_opt, state.opt_state))
+        metrics = dict(metrics)
+        metrics.update({"train/loss": loss, "actor/grad_norm": grad_norm,
+                        "train/skipped_nonfinite": 1.0 - ok.astype(jnp.float32)})
+        return state, metrics
+
+    if shardings is None:
+        return jax.jit(step, donate_argnums=(0,))
+    return jax.jit(step, in_shardings=(shardings, None), out_shardings=(shardings, None), donate_argnums=(0,))
