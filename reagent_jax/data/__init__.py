@@ -1,0 +1,40 @@
+"""Grain input pipelines: validated JSONL/parquet sources, row schemas, resumable batch loaders."""
+
+from reagent_jax.data.benchmarks import benchmark_dir, list_benchmarks, load_benchmark, resolve_benchmark
+from reagent_jax.data.loader import BatchIterator, make_loader
+from reagent_jax.data.schemas import (
+    AGENT_RL,
+    AGENT_SFT,
+    BENCHMARK,
+    EVALPLANNER_PAIR,
+    RRM_RL,
+    RRM_SFT,
+    SCHEMAS,
+    Field,
+    RowError,
+    Schema,
+    get_schema,
+)
+from reagent_jax.data.sources import JsonlSource, expand_paths
+
+__all__ = [
+    "AGENT_RL",
+    "AGENT_SFT",
+    "BENCHMARK",
+    "EVALPLANNER_PAIR",
+    "RRM_RL",
+    "RRM_SFT",
+    "SCHEMAS",
+    "BatchIterator",
+    "Field",
+    "JsonlSource",
+    "RowError",
+    "Schema",
+    "benchmark_dir",
+    "expand_paths",
+    "get_schema",
+    "list_benchmarks",
+    "load_benchmark",
+    "make_loader",
+    "resolve_benchmark",
+]
