@@ -4,6 +4,7 @@ from reagent_jax.agent.envs.expert import (
     FLAWS,
     MALFORMED_CALL_ERROR,
     LabelledTrajectory,
+    RegistryTools,
     WorldTools,
     applicable_flaws,
     expert_trajectory,
@@ -26,6 +27,6 @@ from reagent_jax.agent.envs.synthetic import (
 
 __all__ = [
     "DATA_SOURCE", "FLAWS", "MALFORMED_CALL_ERROR", "Entity", "LabelledTrajectory", "Question", "SyntheticWorld",
-    "Term", "WorldConfig", "WorldTools", "applicable_flaws", "apply_ops", "expert_trajectory", "flawed_trajectory",
+    "RegistryTools", "Term", "WorldConfig", "WorldTools", "applicable_flaws", "apply_ops", "expert_trajectory", "flawed_trajectory",
     "format_search_results", "labelled_trajectories", "make_world", "message_texts", "run_python",
 ]

@@ -221,3 +221,19 @@ def _trajectory(
     answer = str(result) if flaw == "no_boxed" else boxed(result)
     messages.append({"role": "assistant", "content": f"{final_prefix}The answer is {answer}."})
     return messages
+
+
+@dataclasses.dataclass(frozen=True)
+class RegistryTools:
+    """Expert trajectories with the responses of the real tools (what the agent loop will see)."""
+
+    registry: Any
+
+    def search(self, query: str, topk: int | None = None) -> str:
+        args: dict[str, Any] = {"query": query}
+        if topk:
+            args["topk"] = topk
+        return self.registry.call("search", args).text
+
+    def python(self, code: str) -> str:
+        return self.registry.call("python", {"code": code}).text

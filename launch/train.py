@@ -1,0 +1,43 @@
+r"""Training entry point (absl flags + ml_collections config).
+
+  python launch/train.py --config=configs/quickstart.py --workdir=/tmp/quickstart
+  python launch/train.py --config=configs/quickstart.py --workdir=/tmp/qs --config.grpo.steps=4
+  python launch/train.py --config=configs/evalplanner_quickstart.py --workdir=/tmp/judge
+
+The config's `pipeline` field picks the pipeline (default: the agent pipeline, stages sft,grpo).
+Multi-host: set REAGENT_COORDINATOR / REAGENT_NUM_PROCESSES / REAGENT_PROCESS_ID (or
+REAGENT_DISTRIBUTED=1 on Cloud TPU / SLURM) and run the same command on every host.
+"""
+from __future__ import annotations
+
+import logging
+
+from absl import app, flags
+from ml_collections import config_flags
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config file.", lock_config=True)
+flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, tokenizer, outputs).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    del argv
+    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every file it writes at INFO
+    logging.getLogger("reagent_jax").setLevel(logging.INFO)
+    from reagent_jax.parallel import maybe_initialize_distributed
+    maybe_initialize_distributed()
+    config = FLAGS.config
+    pipeline = config.get("pipeline", "agent")
+    if pipeline == "agent":
+        from reagent_jax.trainers import agent_pipeline
+        agent_pipeline.run(config, FLAGS.workdir)
+    elif pipeline == "evalplanner":
+        from reagent_jax.evalplanner import pipeline as ep_pipeline
+        ep_pipeline.run(config, FLAGS.workdir)
+    else:
+        raise ValueError(f"unknown pipeline {pipeline!r}; use 'agent' or 'evalplanner'")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,208 @@
+"""The host-side agent loop: drives rollout-engine sessions through multi-turn tool use.
+
+Each episode runs in its own host thread: render the prompt -> engine session -> wait for a
+turn (it ends on `<|im_end|>`) -> parse tool calls -> run them (several calls of a turn in
+parallel) -> append the tool responses as tokens -> resume. While one episode waits on a tool,
+the engine keeps decoding the others (it runs in its background thread), so tool latency
+overlaps with decoding. History is never re-rendered or re-prefilled: token-in, token-out.
+
+Turn budget: after `max_turns - 1` tool turns, a final-step user message forbids tools and asks
+for the answer (`final_step_message`); the last turn is then the answer turn.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from reagent_jax import chat
+from reagent_jax.agent.trajectory import ToolStats, Trajectory
+from reagent_jax.rollout import SamplingParams
+
+DEFAULT_SYSTEM_PROMPT = ("You are a careful research assistant. Use the tools to look facts up and to "
+                         "compute; never guess a value you have not seen. Give the final answer as \\boxed{...}.")
+FINAL_STEP_MESSAGE = ("You have reached the limit of tool calls. Do not call any more tools. Based on what "
+                      "you have found so far, give your final answer now as \\boxed{...}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    max_turns: int = 13                # assistant turns per episode (paper: 13 train, 30 eval)
+    max_tokens_per_turn: int = 512
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 0
+    system_prompt: Optional[str] = DEFAULT_SYSTEM_PROMPT
+    final_step_message: str = FINAL_STEP_MESSAGE
+    include_tool_schemas: bool = True  # render the tools' JSON schemas in the system turn
+    max_tool_calls_per_turn: int = 4
+    max_parallel_episodes: int = 256   # host threads driving episodes
+    seed: int = 0
+
+
+class AgentLoop:
+    """Runs episodes for question records ({"question", "answer", "data_source", "id"}).
+
+    engine: a started `rollout.Engine` (background driver on); tokenizer: the chat tokenizer;
+    registry: tool registry with `call_many([(name, args)]) -> [ToolOutput]` and `schemas()`
+    (None: no tools). `tool_names` restricts which tools the agent may call.
+    """
+
+    def __init__(self, engine, tokenizer, registry, config: AgentConfig = AgentConfig(),
+                 tool_names: Optional[Sequence[str]] = None):
+        self.engine, self.tok, self.registry, self.config = engine, tokenizer, registry, config
+        schemas = registry.schemas() if registry is not None else []
+        if tool_names is not None:
+            schemas = [s for s in schemas if s["function"]["name"] in set(tool_names)]
+        self.tool_schemas = schemas
+        self.tool_names = [s["function"]["name"] for s in schemas]
+        self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    # ---- prompts ------------------------------------------------------------------------------
+    def prompt_messages(self, record: dict) -> list[dict]:
+        msgs = []
+        if self.config.system_prompt:
+            msgs.append({"role": "system", "content": self.config.system_prompt})
+        msgs.append({"role": "user", "content": record["question"]})
+        return msgs
+
+    def sampling(self, seed: int, greedy: bool = False) -> SamplingParams:
+        c = self.config
+        if greedy:
+            return SamplingParams(temperature=0.0, max_new_tokens=c.max_tokens_per_turn,
+                                  stop_token_ids=(self.im_end,), seed=seed)
+        return SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=seed,
+                              max_new_tokens=c.max_tokens_per_turn, stop_token_ids=(self.im_end,))
+
+    # ---- running ------------------------------------------------------------------------------
+    def run(self, records: Sequence[dict], n: int = 1, greedy: bool = False, seed: Optional[int] = None,
+            progress: Optional[Callable[[Trajectory], None]] = None) -> list[Trajectory]:
+        """n episodes per record (ordered record-major); sample i of record j gets a fixed seed."""
+        base = self.config.seed if seed is None else seed
+        jobs = [(r, i, base * 1_000_003 + j * 1009 + i) for j, r in enumerate(records) for i in range(n)]
+        return self._map(lambda job: self.run_episode(job[0], sample_index=job[1], seed=job[2], greedy=greedy),
+                         jobs, progress)
+
+    def continue_many(self, items: Sequence[tuple[Trajectory, list[dict]]], greedy: bool = False,
+                      progress=None) -> list[Trajectory]:
+        """Continues finished episodes with extra messages (e.g. a critique turn) as new episodes."""
+        return self._map(lambda it: self.continue_episode(it[0], it[1], greedy=greedy), list(items), progress)
+
+    def _map(self, fn, jobs, progress):
+        workers = max(1, min(self.config.max_parallel_episodes, len(jobs)))
+        out = [None] * len(jobs)
+        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="episode") as pool:
+            futs = {pool.submit(fn, job): i for i, job in enumerate(jobs)}
+            for f in concurrent.futures.as_completed(futs):
+                out[futs[f]] = f.result()
+                if progress is not None:
+                    progress(out[futs[f]])
+        return out
+
+    def run_episode(self, record: dict, sample_index: int = 0, seed: int = 0, greedy: bool = False) -> Trajectory:
+        messages = self.prompt_messages(record)
+        tools = self.tool_schemas if (self.config.include_tool_schemas and self.tool_schemas) else None
+        prompt = chat.render(self.tok, messages, tools=tools, add_generation_prompt=True, mode="train")
+        traj = Trajectory(question=record, messages=list(messages), tokens=list(prompt.ids),
+                          loss_mask=[0] * len(prompt.ids), logprobs=[0.0] * len(prompt.ids),
+                          prompt_len=len(prompt.ids), turn_spans=[], sample_index=sample_index)
+        return self._drive(traj, self.sampling(seed, greedy), start_ids=prompt.ids, turns_used=0)
+
+    def continue_episode(self, prev: Trajectory, new_messages: list[dict], greedy: bool = False) -> Trajectory:
+        """A second attempt: prev's tokens (all context now, loss mask 0) + new messages, then the
+        agent continues with a fresh turn budget. Reuses no engine state: the whole prefix is
+        prefilled once (the caller may keep prev's session instead, see `reagent` strategies)."""
+        suffix = chat.close_assistant_turn(self.tok, prev.tokens) + list(
+            chat.render_suffix(self.tok, new_messages, add_generation_prompt=True).ids)
+        tokens = list(prev.tokens) + suffix
+        traj = Trajectory(question=prev.question, messages=list(prev.messages) + list(new_messages), tokens=tokens,
+                          loss_mask=[0] * len(tokens), logprobs=[0.0] * len(tokens), prompt_len=len(tokens),
+                          turn_spans=[], sample_index=prev.sample_index, attempt=prev.attempt + 1)
+        seed = hash((prev.sample_index, prev.question.get("id"), prev.attempt)) % (2 ** 31)
+        return self._drive(traj, self.sampling(seed, greedy), start_ids=tokens, turns_used=0)
+
+    def _drive(self, traj: Trajectory, sampling: SamplingParams, start_ids, turns_used: int) -> Trajectory:
+        c, eng = self.config, self.engine
+        try:
+            sid = eng.start(start_ids, sampling, multi_turn=True)
+        except ValueError as e:  # e.g. prompt longer than the cache
+            traj.finish_reason, traj.error = "error", str(e)
+            return traj
+        try:
+            turn = turns_used
+            while True:
+                res = eng.wait(sid)
+                start = len(traj.tokens)
+                traj.tokens.extend(res.tokens)
+                traj.loss_mask.extend([1] * len(res.tokens))
+                traj.logprobs.extend(float(x) for x in res.logprobs)
+                traj.turn_spans.append((start, len(traj.tokens)))
+                text = self.tok.decode(res.tokens, skip_special_tokens=False)
+                text = text[:-len("<|im_end|>")] if text.endswith("<|im_end|>") else text
+                message, errors = chat.assistant_message_from_text(text, self.tool_names or None)
+                traj.messages.append(message)
+                traj.final_text = text
+                turn += 1
+                if res.finish_reason not in ("stop", "stop_string", "length"):
+                    traj.finish_reason, traj.error = "error", f"engine finish_reason={res.finish_reason}"
+                    return traj
+                calls = message.get("tool_calls", [])
+                if not calls and not errors:
+                    traj.finish_reason = "answer" if "\\boxed" in text else "no_answer"
+                    return traj
+                if res.finish_reason == "length" and len(traj.tokens) >= eng.max_len - 1:
+                    traj.finish_reason = "length"
+                    return traj
+                if turn >= c.max_turns:
+                    traj.finish_reason = "max_turns"
+                    return traj
+                tool_msgs = self._run_tools(calls, errors, traj.tool_stats)
+                new_msgs = list(tool_msgs)
+                if turn == c.max_turns - 1:
+                    new_msgs.append({"role": "user", "content": c.final_step_message})
+                suffix = chat.close_assistant_turn(self.tok, res.tokens) + list(
+                    chat.render_suffix(self.tok, new_msgs, add_generation_prompt=True).ids)
+                if len(traj.tokens) + len(suffix) + 1 >= eng.max_len:
+                    traj.finish_reason = "length"
+                    return traj
+                traj.messages.extend(new_msgs)
+                traj.tokens.extend(suffix)
+                traj.loss_mask.extend([0] * len(suffix))
+                traj.logprobs.extend([0.0] * len(suffix))
+                eng.append(sid, suffix, then_resume=sampling)
+        except Exception as e:  # the episode fails alone; the engine and other episodes go on
+            traj.finish_reason, traj.error = "error", f"{type(e).__name__}: {e}"
+            return traj
+        finally:
+            try:
+                eng.release(sid)
+            except Exception:
+                pass
+
+    def _run_tools(self, calls: list[dict], errors: list, stats: ToolStats) -> list[dict]:
+        """Executes parsed calls (in parallel, results in call order) and appends one readable
+        "Error: ..." observation per failed call or unparseable call."""
+        items = [c.get("function", c) for c in calls]  # {"name", "arguments"}
+        stats.parse_errors += len(errors)
+        limit = self.config.max_tool_calls_per_turn
+        run = items[:limit]
+        t0 = time.perf_counter()
+        outputs = self.registry.call_many([(it["name"], it.get("arguments", {})) for it in run]) if run else []
+        stats.seconds += time.perf_counter() - t0
+        msgs = []
+        for it, out in zip(run, outputs):
+            stats.calls += 1
+            stats.by_tool[it["name"]] = stats.by_tool.get(it["name"], 0) + 1
+            text = out.text
+            if not out.ok:
+                stats.failures += 1
+                if not text.lower().startswith("error"):
+                    text = f"Error ({out.error_kind}): {text}"
+            msgs.append({"role": "tool", "name": it["name"], "content": text})
+        for it in items[limit:]:
+            msgs.append({"role": "tool", "name": it["name"],
+                         "content": f"Error: at most {limit} tool calls per turn; this call was not run."})
+        for e in errors:
+            msgs.append({"role": "tool", "name": "error", "content": f"Error: {e.message}"})
+        return msgs

@@ -1,0 +1,125 @@
+"""The agent training pipeline behind `launch/train.py` (and the README quickstart):
+
+  random init -> [sft] expert trajectories -> [grpo] RL with the chosen strategy
+  -> held-out accuracy table for every policy, curves PNG, summary JSON.
+
+Each stage saves `workdir/<stage>/final`; a stage that finished is not re-run, and an
+interrupted one resumes from its last checkpoint.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import time
+
+from reagent_jax import metrics as metrics_lib
+from reagent_jax.agent import envs, tools
+from reagent_jax.agent.loop import AgentConfig, AgentLoop
+from reagent_jax.eval.agent_eval import evaluate_agent
+from reagent_jax.rollout import Engine
+from reagent_jax.trainers.context import load_policy, make_context
+from reagent_jax.trainers.grpo import run_grpo
+from reagent_jax.trainers.sft import render_examples, run_sft
+
+log = logging.getLogger(__name__)
+
+
+def build_registry(ctx):
+    corpus = ctx.world.write_corpus_jsonl(os.path.join(ctx.workdir, "corpus.jsonl"))
+    names = [n.strip() for n in ctx.config.agent.tools.split(",") if n.strip()]
+    return tools.build_registry({"search": {"backend": "local", "corpus": corpus}}, names=names)
+
+
+def expert_conversations(ctx, registry, loop: AgentLoop, questions) -> list[list[dict]]:
+    """Expert trajectories with the real tools' responses and the agent loop's own prompt."""
+    system = loop.config.system_prompt
+    real = envs.RegistryTools(registry)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        return list(pool.map(lambda q: envs.expert_trajectory(ctx.world, q, tools=real, system_prompt=system),
+                             questions))
+
+
+def make_strategy(ctx, loop):
+    name = ctx.config.strategy
+    if name == "grpo":
+        return None
+    from reagent_jax.rrm import strategies  # Agent-RRM strategies (Reagent-C/R/U)
+    return strategies.build(name, ctx, loop)
+
+
+def _row(name, ev, extra=None):
+    return {"policy": name, "held-out accuracy": ev["accuracy"], "pass@1": ev["pass_at_n"],
+            "turns": ev["num_turns"], "tool calls": ev["tool_calls"], "gen tokens/s": ev["tokens_per_s"],
+            **(extra or {})}
+
+
+def run(config, workdir: str) -> dict:
+    t_start = time.perf_counter()
+    ctx = make_context(config, workdir)
+    registry = build_registry(ctx)
+    train_records = ctx.world.records("train")
+    heldout = ctx.world.records("heldout")[: config.eval.num_questions]
+    stages = [s.strip() for s in config.stages.split(",") if s.strip()]
+    unknown = set(stages) - {"sft", "grpo"}
+    if unknown:
+        raise ValueError(f"unknown stages {sorted(unknown)}; the agent pipeline has sft, grpo")
+
+    cfg, params = load_policy(ctx, None)
+    r = config.rollout
+    engine = Engine(cfg, params, num_slots=r.num_slots, max_len=r.max_len, prefill_chunk=r.prefill_chunk,
+                    decode_steps=r.decode_steps, mesh=ctx.mesh, tokenizer=ctx.tokenizer, seed=config.seed)
+    engine.start_background()
+    a = config.agent
+    tool_names = registry.names
+    agent_cfg = AgentConfig(max_turns=a.max_turns, max_tokens_per_turn=a.max_tokens_per_turn,
+                            temperature=a.temperature, top_p=a.top_p, include_tool_schemas=a.include_tool_schemas,
+                            seed=config.seed)
+    loop = AgentLoop(engine, ctx.tokenizer, registry, agent_cfg, tool_names=tool_names)
+    eval_loop = AgentLoop(engine, ctx.tokenizer, registry,
+                          AgentConfig(**{**agent_cfg.__dict__, "max_turns": config.eval.max_turns}), tool_names)
+    rows = []
+    try:
+        def evaluate(name):
+            ev = evaluate_agent(eval_loop, heldout, greedy=config.eval.greedy, seed=config.seed)
+            rows.append(_row(name, ev))
+            log.info("%s: held-out accuracy %.3f", name, ev["accuracy"])
+            with open(os.path.join(workdir, f"eval_{name}.jsonl"), "w") as f:
+                for t in ev["trajectories"]:
+                    f.write(json.dumps(t.to_json()) + "\n")
+            return ev
+
+        evaluate("random_init")
+        for stage in stages:
+            if ctx.has_final(stage):
+                log.info("%s already finished; loading its final params", stage)
+                cfg, params = load_policy(ctx, stage)
+            elif stage == "sft":
+                convs = expert_conversations(ctx, registry, loop, ctx.world.train)
+                tools_schema = loop.tool_schemas if a.include_tool_schemas else None
+                examples = render_examples(ctx.tokenizer, convs, tools=tools_schema, max_len=config.sft.max_len)
+                params = run_sft(ctx, cfg, params, examples, config.sft, seed=config.seed)
+            else:
+                params = run_grpo(ctx, cfg, params, loop, train_records, config.grpo, seed=config.seed,
+                                  strategy=make_strategy(ctx, loop), temperature=a.temperature,
+                                  max_len=r.max_len)
+            engine.update_params(params)
+            evaluate(stage if config.strategy == "grpo" or stage != "grpo" else config.strategy)
+    finally:
+        engine.stop_background()
+
+    wall = time.perf_counter() - t_start
+    table = metrics_lib.markdown_table(rows)
+    summary = {"table": rows, "wall_s": wall, "engine": engine.stats(), "workdir": workdir}
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, default=str)
+    for stage in stages:
+        d = os.path.join(workdir, stage)
+        if os.path.exists(os.path.join(d, metrics_lib.JSONL_NAME)):
+            try:
+                metrics_lib.plot_curves(d, out_png=os.path.join(workdir, f"curves_{stage}.png"))
+            except Exception as e:  # a plot must never fail a finished run
+                log.warning("could not plot %s curves: %s", stage, e)
+    print("\n" + table + f"\n\nwall time: {wall:.1f} s   (workdir: {workdir})")
+    return summary

@@ -1,0 +1,98 @@
+"""Builds what every stage needs from an ml_collections config: mesh, tokenizer, task, model.
+
+Stages share a workdir: the tokenizer is saved in `workdir/tokenizer`, and each stage leaves its
+final policy in `workdir/<stage>/final` (reagent_jax params), which the next stage starts from.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any, Optional
+
+import jax
+
+from reagent_jax import chat, checkpoint, models, parallel
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class RunContext:
+    config: Any
+    workdir: str
+    mesh: Optional[jax.sharding.Mesh]
+    tokenizer: Any
+    world: Any = None
+
+    def stage_dir(self, stage: str) -> str:
+        d = os.path.join(self.workdir, stage)
+        os.makedirs(d, exist_ok=True)
+        return d
+
+    def final_dir(self, stage: str) -> str:
+        return os.path.join(self.workdir, stage, "final")
+
+    def has_final(self, stage: str) -> bool:
+        return os.path.exists(os.path.join(self.final_dir(stage), "reagent_config.json"))
+
+
+def build_world(config):
+    from reagent_jax.agent import envs
+    w = config.world
+    return envs.make_world(envs.WorldConfig(seed=w.seed, n_entities=w.n_entities, n_questions=w.n_questions,
+                                            heldout_fraction=w.heldout_fraction,
+                                            level_weights=tuple(w.level_weights)))
+
+
+def build_tokenizer(config, workdir: str, world=None):
+    """The compact tokenizer is trained once per workdir (on the world's texts) and reloaded after."""
+    t = config.tokenizer
+    path = os.path.join(workdir, "tokenizer")
+    if t.kind == "qwen3":
+        return chat.load_tokenizer(t.path or None)
+    if os.path.exists(os.path.join(path, "tokenizer.json")):
+        return chat.load_tokenizer(path)
+    if t.kind != "compact":
+        raise ValueError(f"tokenizer.kind={t.kind!r}; use 'compact' or 'qwen3'")
+    if world is None:
+        raise ValueError("a compact tokenizer needs the synthetic world's texts")
+    from reagent_jax.agent.loop import DEFAULT_SYSTEM_PROMPT, FINAL_STEP_MESSAGE
+    texts = list(world.all_texts()) + [DEFAULT_SYSTEM_PROMPT, FINAL_STEP_MESSAGE]
+    tok = chat.build_compact_tokenizer(texts, vocab_size=t.vocab_size)
+    os.makedirs(path, exist_ok=True)
+    tok.save_pretrained(path)
+    return tok
+
+
+def model_config(config, tokenizer) -> models.Qwen3Config:
+    m = config.model
+    vocab = len(tokenizer)
+    vocab = -(-vocab // 64) * 64  # round up: friendlier shapes, room for added tokens
+    return models.Qwen3Config(vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+                              num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
+                              head_dim=m.head_dim, rope_theta=m.rope_theta, tie_word_embeddings=True,
+                              param_dtype=m.param_dtype, compute_dtype=m.compute_dtype,
+                              remat_policy=m.remat_policy, max_position_embeddings=4096)
+
+
+def load_policy(ctx: RunContext, previous_stage: Optional[str]):
+    """(cfg, params): the previous stage's final policy, else `model.init_from`, else random init."""
+    m = ctx.config.model
+    if previous_stage and ctx.has_final(previous_stage):
+        return checkpoint.load_params(ctx.final_dir(previous_stage), mesh=ctx.mesh)
+    if m.init_from:
+        if os.path.exists(os.path.join(m.init_from, "reagent_config.json")):
+            return checkpoint.load_params(m.init_from, mesh=ctx.mesh)
+        return models.load_hf_checkpoint(m.init_from, dtype=m.param_dtype, compute_dtype=m.compute_dtype,
+                                         mesh=ctx.mesh)
+    cfg = model_config(ctx.config, ctx.tokenizer)
+    return cfg, models.init_params(cfg, jax.random.PRNGKey(ctx.config.seed), mesh=ctx.mesh)
+
+
+def make_context(config, workdir: str) -> RunContext:
+    os.makedirs(workdir, exist_ok=True)
+    mesh = None if config.mesh == "single" else parallel.mesh_from_preset(config.mesh)
+    world = build_world(config) if "world" in config else None
+    tok = build_tokenizer(config, workdir, world)
+    return RunContext(config=config, workdir=workdir, mesh=mesh, tokenizer=tok, world=world)

@@ -1,0 +1,126 @@
+"""Agentic GRPO: rollouts through the engine + agent loop, rule (and optional model) rewards,
+group advantages, the clipped policy-gradient step.
+
+One step (Reagent-U adds a refinement pass inside `strategy.collect`):
+  questions(seed, step) -> n episodes each (engine, tools overlapped) -> rewards -> advantages
+  over each question's group (variable size) -> drop zero-variance groups -> reference logprobs
+  (beta > 0 only) -> micro-batched update -> new params pushed into the engine.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from reagent_jax import rewards as rewards_lib
+from reagent_jax.models.functional import token_logprobs
+from reagent_jax.rl.advantages import get_advantage_fn
+from reagent_jax.rl.objectives import GRPOObjective
+from reagent_jax.rl.train_step import OptimizerConfig
+from reagent_jax.trainers.batching import default_buckets, pad_rows
+from reagent_jax.trainers.sft import batch_indices
+from reagent_jax.trainers.stage import StageRunner
+
+log = logging.getLogger(__name__)
+
+
+def rule_reward(traj) -> float:
+    q = traj.question
+    answers = q["answer"] if isinstance(q["answer"], (list, tuple)) else [q["answer"]]
+    return float(rewards_lib.score_answer(traj.final_text, list(answers), q.get("data_source")))
+
+
+def rollout_metrics(trajs, scores) -> dict:
+    n = max(1, len(trajs))
+    return {
+        "critic/score/mean": float(np.mean(scores)) if len(scores) else 0.0,
+        "response_length/mean": sum(t.response_length for t in trajs) / n,
+        "num_turns/mean": sum(t.num_turns for t in trajs) / n,
+        "tool_call_counts/mean": sum(t.tool_stats.calls for t in trajs) / n,
+        "tool_failures/mean": sum(t.tool_stats.failures + t.tool_stats.parse_errors for t in trajs) / n,
+        "finish/length_frac": sum(t.finish_reason == "length" for t in trajs) / n,
+        "finish/error_frac": sum(t.finish_reason == "error" for t in trajs) / n,
+    }
+
+
+class PlainGRPO:
+    """Rule reward only: each question's n episodes form its group."""
+    name = "grpo"
+
+    def collect(self, loop, records, n, seed):
+        trajs = loop.run(records, n=n, seed=seed)
+        scores = [rule_reward(t) for t in trajs]
+        groups = [j for j in range(len(records)) for _ in range(n)]
+        return trajs, np.asarray(scores, np.float32), np.asarray(groups, np.int32), {}
+
+
+def build_rows(trajs, advantages, keep, mask_overlong: bool) -> list[dict]:
+    rows = []
+    for t, a, k in zip(trajs, advantages, keep):
+        if not k:
+            continue
+        mask = list(t.loss_mask)
+        if mask_overlong and t.finish_reason == "length":
+            mask = [0] * len(mask)
+        rows.append({"tokens": list(t.tokens), "loss_mask": mask, "old_logprobs": list(t.logprobs),
+                     "advantages": float(a)})
+    return rows
+
+
+def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strategy=None, stage: str = "grpo",
+             seed: int = 0, temperature: float = 1.0, max_len: int = 1024, rows_per_step: Optional[int] = None):
+    """GRPO for gcfg.steps steps over `records`; `loop` is an AgentLoop on a running engine."""
+    strategy = strategy or PlainGRPO()
+    adv_fn = get_advantage_fn(gcfg.advantage)
+    objective = GRPOObjective(model_cfg, eps_low=gcfg.eps_low, eps_high=gcfg.eps_high, dual_clip_c=gcfg.dual_clip_c,
+                              beta=gcfg.beta, kl_kind=gcfg.kl_kind, loss_agg_mode=gcfg.loss_agg_mode,
+                              temperature=temperature)
+    opt = OptimizerConfig(learning_rate=gcfg.learning_rate, warmup_steps=gcfg.warmup_steps, decay="constant",
+                          total_steps=gcfg.steps, max_grad_norm=gcfg.max_grad_norm)
+    runner = StageRunner(ctx, stage, model_cfg, params, objective, opt, total_steps=gcfg.steps,
+                         micro_batches=gcfg.micro_batches, checkpoint_every=ctx.config.checkpoint.every,
+                         keep=ctx.config.checkpoint.keep,
+                         progress_keys=["critic/score/mean", "actor/pg_loss", "response_length/mean"])
+    ref_params = jax.tree.map(jnp.copy, params) if gcfg.beta else None  # frozen; beta 0 skips it entirely
+    ref_lp = jax.jit(lambda p, t, m: token_logprobs(model_cfg, p, t, m, temperature=temperature))
+    buckets = default_buckets(max_len)
+    n_rows = rows_per_step or gcfg.questions_per_step * gcfg.n * getattr(strategy, "rows_per_episode", 1)
+    n_rows = -(-n_rows // gcfg.micro_batches) * gcfg.micro_batches
+
+    def batch_fn(step, params_now):
+        loop.engine.update_params(params_now)
+        idx = batch_indices(len(records), gcfg.questions_per_step, step, seed)
+        t0 = time.perf_counter()
+        trajs, scores, groups, extra = strategy.collect(loop, [records[i] for i in idx], gcfg.n,
+                                                        seed=seed * 100_003 + step)
+        t_gen = time.perf_counter() - t0
+        adv = adv_fn(jnp.asarray(scores), jnp.asarray(groups), num_groups=int(groups.max()) + 1)
+        keep = np.ones(len(trajs), bool)
+        if gcfg.drop_equal_reward_groups:
+            keep &= ~np.asarray(adv.zero_std)
+        keep &= np.array([t.finish_reason != "error" and t.response_length > 0 for t in trajs])
+        m = rollout_metrics(trajs, scores)
+        m.update(extra)
+        gen_tokens = sum(t.response_length for t in trajs)
+        m.update({"timing_s/gen": t_gen, "perf/gen_tokens_per_s": gen_tokens / max(t_gen, 1e-9),
+                  "batch/kept_frac": float(keep.mean()), "batch/zero_std_groups": float(adv.num_zero_std_groups),
+                  "critic/advantages/abs_mean": float(np.abs(np.asarray(adv.advantages)[keep]).mean()) if keep.any() else 0.0})
+        rows = build_rows(trajs, np.asarray(adv.advantages), keep, gcfg.mask_overlong)
+        if not rows:
+            return None, m
+        rows = rows[:n_rows]
+        batch = pad_rows(rows, buckets=buckets, batch_size=n_rows, max_len=max_len)
+        batch.pop("row_mask")
+        if gcfg.beta:
+            t1 = time.perf_counter()
+            batch["ref_logprobs"] = np.asarray(ref_lp(ref_params, batch["tokens"], batch["attention_mask"]))
+            m["timing_s/ref"] = time.perf_counter() - t1
+        return batch, m
+
+    out = runner.run(batch_fn)
+    loop.engine.update_params(out)
+    return out
