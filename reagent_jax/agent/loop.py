@@ -77,17 +77,28 @@ class AgentLoop:
 
     # ---- running ------------------------------------------------------------------------------
     def run(self, records: Sequence[dict], n: int = 1, greedy: bool = False, seed: Optional[int] = None,
-            progress: Optional[Callable[[Trajectory], None]] = None) -> list[Trajectory]:
-        """n episodes per record (ordered record-major); sample i of record j gets a fixed seed."""
+            progress: Optional[Callable[[Trajectory], None]] = None, keep_sessions: bool = False) -> list[Trajectory]:
+        """n episodes per record (ordered record-major); sample i of record j gets a fixed seed.
+
+        keep_sessions: leave each finished episode's engine session (and KV cache) alive so that
+        `continue_many` can append to it without re-prefilling; call `release` afterwards.
+        """
         base = self.config.seed if seed is None else seed
         jobs = [(r, i, base * 1_000_003 + j * 1009 + i) for j, r in enumerate(records) for i in range(n)]
-        return self._map(lambda job: self.run_episode(job[0], sample_index=job[1], seed=job[2], greedy=greedy),
-                         jobs, progress)
+        return self._map(lambda job: self.run_episode(job[0], sample_index=job[1], seed=job[2], greedy=greedy,
+                                                      keep_session=keep_sessions), jobs, progress)
 
     def continue_many(self, items: Sequence[tuple[Trajectory, list[dict]]], greedy: bool = False,
                       progress=None) -> list[Trajectory]:
-        """Continues finished episodes with extra messages (e.g. a critique turn) as new episodes."""
+        """Continues finished episodes with extra messages (e.g. a critique turn) as second attempts."""
         return self._map(lambda it: self.continue_episode(it[0], it[1], greedy=greedy), list(items), progress)
+
+    def release(self, trajs: Sequence[Trajectory]) -> None:
+        """Frees sessions kept by `run(..., keep_sessions=True)`."""
+        for t in trajs:
+            sid = t.extras.pop("session_id", None)
+            if sid is not None:
+                self.engine.release(sid)
 
     def _map(self, fn, jobs, progress):
         workers = max(1, min(self.config.max_parallel_episodes, len(jobs)))
@@ -100,37 +111,52 @@ class AgentLoop:
                     progress(out[futs[f]])
         return out
 
-    def run_episode(self, record: dict, sample_index: int = 0, seed: int = 0, greedy: bool = False) -> Trajectory:
+    def run_episode(self, record: dict, sample_index: int = 0, seed: int = 0, greedy: bool = False,
+                    keep_session: bool = False) -> Trajectory:
         messages = self.prompt_messages(record)
         tools = self.tool_schemas if (self.config.include_tool_schemas and self.tool_schemas) else None
         prompt = chat.render(self.tok, messages, tools=tools, add_generation_prompt=True, mode="train")
         traj = Trajectory(question=record, messages=list(messages), tokens=list(prompt.ids),
                           loss_mask=[0] * len(prompt.ids), logprobs=[0.0] * len(prompt.ids),
                           prompt_len=len(prompt.ids), turn_spans=[], sample_index=sample_index)
-        return self._drive(traj, self.sampling(seed, greedy), start_ids=prompt.ids, turns_used=0)
+        traj.extras["seed"] = seed
+        return self._drive(traj, self.sampling(seed, greedy), start_ids=prompt.ids, keep_session=keep_session)
 
     def continue_episode(self, prev: Trajectory, new_messages: list[dict], greedy: bool = False) -> Trajectory:
         """A second attempt: prev's tokens (all context now, loss mask 0) + new messages, then the
-        agent continues with a fresh turn budget. Reuses no engine state: the whole prefix is
-        prefilled once (the caller may keep prev's session instead, see `reagent` strategies)."""
+        agent continues with a fresh turn budget. If prev kept its engine session, the new tokens
+        are appended to its KV cache (no history recomputed); otherwise the prefix is prefilled."""
         suffix = chat.close_assistant_turn(self.tok, prev.tokens) + list(
             chat.render_suffix(self.tok, new_messages, add_generation_prompt=True).ids)
         tokens = list(prev.tokens) + suffix
         traj = Trajectory(question=prev.question, messages=list(prev.messages) + list(new_messages), tokens=tokens,
                           loss_mask=[0] * len(tokens), logprobs=[0.0] * len(tokens), prompt_len=len(tokens),
                           turn_spans=[], sample_index=prev.sample_index, attempt=prev.attempt + 1)
-        seed = hash((prev.sample_index, prev.question.get("id"), prev.attempt)) % (2 ** 31)
-        return self._drive(traj, self.sampling(seed, greedy), start_ids=tokens, turns_used=0)
+        seed = (prev.extras.get("seed", prev.sample_index) * 7919 + prev.attempt) % (2 ** 31)
+        sampling = self.sampling(seed, greedy)
+        sid = prev.extras.pop("session_id", None)
+        if sid is not None and prev.finish_reason != "error":
+            if len(tokens) + 1 >= self.engine.max_len:
+                self.engine.release(sid)
+                traj.finish_reason, traj.error = "length", "no room left in the cache for a second attempt"
+                return traj
+            self.engine.append(sid, suffix, then_resume=sampling)
+            return self._drive(traj, sampling, sid=sid)
+        if sid is not None:
+            self.engine.release(sid)
+        return self._drive(traj, sampling, start_ids=tokens)
 
-    def _drive(self, traj: Trajectory, sampling: SamplingParams, start_ids, turns_used: int) -> Trajectory:
+    def _drive(self, traj: Trajectory, sampling: SamplingParams, start_ids=None, sid=None,
+               keep_session: bool = False) -> Trajectory:
         c, eng = self.config, self.engine
+        if sid is None:
+            try:
+                sid = eng.start(start_ids, sampling, multi_turn=True)
+            except ValueError as e:  # e.g. prompt longer than the cache
+                traj.finish_reason, traj.error = "error", str(e)
+                return traj
         try:
-            sid = eng.start(start_ids, sampling, multi_turn=True)
-        except ValueError as e:  # e.g. prompt longer than the cache
-            traj.finish_reason, traj.error = "error", str(e)
-            return traj
-        try:
-            turn = turns_used
+            turn = 0
             while True:
                 res = eng.wait(sid)
                 start = len(traj.tokens)
@@ -175,10 +201,13 @@ class AgentLoop:
             traj.finish_reason, traj.error = "error", f"{type(e).__name__}: {e}"
             return traj
         finally:
-            try:
-                eng.release(sid)
-            except Exception:
-                pass
+            if keep_session and traj.finish_reason != "error":
+                traj.extras["session_id"] = sid
+            else:
+                try:
+                    eng.release(sid)
+                except Exception:
+                    pass
 
     def _run_tools(self, calls: list[dict], errors: list, stats: ToolStats) -> list[dict]:
         """Executes parsed calls (in parallel, results in call order) and appends one readable

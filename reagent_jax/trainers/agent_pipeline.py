@@ -3,6 +3,10 @@
   random init -> [sft] expert trajectories -> [grpo] RL with the chosen strategy
   -> held-out accuracy table for every policy, curves PNG, summary JSON.
 
+Agent-RRM stages (run before `grpo` when `rrm.judge == "local"`): [rrm_sft] a tiny RRM learns
+the rule-based annotator's judgements of expert and flawed trajectories; [rrm_grpo] it is
+then trained with the verifiable reward format_ok * (1 - |score - target|).
+
 Each stage saves `workdir/<stage>/final`; a stage that finished is not re-run, and an
 interrupted one resumes from its last checkpoint.
 """
@@ -41,12 +45,56 @@ def expert_conversations(ctx, registry, loop: AgentLoop, questions) -> list[list
                              questions))
 
 
-def make_strategy(ctx, loop):
-    name = ctx.config.strategy
-    if name == "grpo":
-        return None
+def make_judge(ctx, registry):
+    """The Agent-RRM judge named by config.rrm.judge: rule | local | remote."""
+    from reagent_jax.rrm.judges import LocalJudge, RuleJudge
+    r = ctx.config.rrm
+    if r.judge == "rule":
+        return RuleJudge()
+    if r.judge == "remote":
+        from reagent_jax.endpoints import EndpointConfig
+        from reagent_jax.rrm.remote import RemoteJudge
+        return RemoteJudge(EndpointConfig(base_urls=tuple(r.base_urls.split(",")), model=r.model or None))
+    if r.judge != "local":
+        raise ValueError(f"rrm.judge={r.judge!r}; use rule, local or remote")
+    stage = "rrm_grpo" if ctx.has_final("rrm_grpo") else "rrm_sft"
+    if not ctx.has_final(stage):
+        raise ValueError("rrm.judge=local needs a trained RRM: add rrm_sft (and rrm_grpo) to config.stages")
+    cfg, params = load_policy(ctx, stage)
+    engine = Engine(cfg, params, num_slots=ctx.config.rollout.num_slots, max_len=r.max_len,
+                    prefill_chunk=ctx.config.rollout.prefill_chunk, mesh=ctx.mesh, tokenizer=ctx.tokenizer)
+    engine.start_background()
+    return LocalJudge(engine, ctx.tokenizer, max_new_tokens=r.max_new_tokens)
+
+
+def make_strategy(ctx, judge):
     from reagent_jax.rrm import strategies  # Agent-RRM strategies (Reagent-C/R/U)
-    return strategies.build(name, ctx, loop)
+    r = ctx.config.rrm
+    return strategies.build(ctx.config.strategy, judge, strategies.RRMConfig(lam=r.lam, refine_below=r.refine_below))
+
+
+def train_rrm(ctx, registry, system_prompt, stage):
+    """rrm_sft / rrm_grpo on annotated synthetic trajectories; returns the RRM params."""
+    from reagent_jax.rrm import training
+    c = ctx.config
+    records = training.synthetic_rrm_records(ctx.world, tools=envs.RegistryTools(registry), seed=c.seed,
+                                             system_prompt=system_prompt)
+    if stage == "rrm_sft":
+        cfg, params = load_policy(ctx, None)
+        convs = [training.sft_conversation(r["question"], r["trajectory"], r["text"]) for r in records]
+        rows = render_examples(ctx.tokenizer, convs, max_len=c.rrm.max_len)
+        return run_sft(ctx, cfg, params, rows, c.rrm_sft, stage="rrm_sft", seed=c.seed)
+    cfg, params = load_policy(ctx, "rrm_sft")
+    engine = Engine(cfg, params, num_slots=c.rollout.num_slots, max_len=c.rrm.max_len,
+                    prefill_chunk=c.rollout.prefill_chunk, mesh=ctx.mesh, tokenizer=ctx.tokenizer)
+
+    class _EngineOnly:  # run_grpo only needs `.engine` from its loop here
+        pass
+    holder = _EngineOnly()
+    holder.engine = engine
+    collect = training.RRMCollect(ctx.tokenizer, max_new_tokens=c.rrm.max_new_tokens)
+    return run_grpo(ctx, cfg, params, holder, records, c.rrm_grpo, strategy=collect, stage="rrm_grpo", seed=c.seed,
+                    max_len=c.rrm.max_len)
 
 
 def _row(name, ev, extra=None):
@@ -62,9 +110,9 @@ def run(config, workdir: str) -> dict:
     train_records = ctx.world.records("train")
     heldout = ctx.world.records("heldout")[: config.eval.num_questions]
     stages = [s.strip() for s in config.stages.split(",") if s.strip()]
-    unknown = set(stages) - {"sft", "grpo"}
+    unknown = set(stages) - {"sft", "grpo", "rrm_sft", "rrm_grpo"}
     if unknown:
-        raise ValueError(f"unknown stages {sorted(unknown)}; the agent pipeline has sft, grpo")
+        raise ValueError(f"unknown stages {sorted(unknown)}; the agent pipeline has rrm_sft, rrm_grpo, sft, grpo")
 
     cfg, params = load_policy(ctx, None)
     r = config.rollout
@@ -91,7 +139,12 @@ def run(config, workdir: str) -> dict:
             return ev
 
         evaluate("random_init")
+        judge = None
         for stage in stages:
+            if stage.startswith("rrm_"):
+                if not ctx.has_final(stage):
+                    train_rrm(ctx, registry, agent_cfg.system_prompt, stage)
+                continue
             if ctx.has_final(stage):
                 log.info("%s already finished; loading its final params", stage)
                 cfg, params = load_policy(ctx, stage)
@@ -101,11 +154,21 @@ def run(config, workdir: str) -> dict:
                 examples = render_examples(ctx.tokenizer, convs, tools=tools_schema, max_len=config.sft.max_len)
                 params = run_sft(ctx, cfg, params, examples, config.sft, seed=config.seed)
             else:
+                strategy = None
+                if config.strategy != "grpo":
+                    judge = judge or make_judge(ctx, registry)
+                    strategy = make_strategy(ctx, judge)
                 params = run_grpo(ctx, cfg, params, loop, train_records, config.grpo, seed=config.seed,
-                                  strategy=make_strategy(ctx, loop), temperature=a.temperature,
-                                  max_len=r.max_len)
+                                  strategy=strategy, temperature=a.temperature, max_len=r.max_len)
             engine.update_params(params)
             evaluate(stage if config.strategy == "grpo" or stage != "grpo" else config.strategy)
+        if config.strategy == "reagent_c" or config.eval.refinement:
+            from reagent_jax.rrm.strategies import evaluate_refinement
+            judge = judge or make_judge(ctx, registry)
+            ref = evaluate_refinement(eval_loop, judge, heldout, greedy=config.eval.greedy, seed=config.seed)
+            rows.append({"policy": "attempt 1 (Reagent-C)", "held-out accuracy": ref["attempt1_accuracy"]})
+            rows.append({"policy": "attempt 2 (critique)", "held-out accuracy": ref["attempt2_accuracy"],
+                         "refined": ref["refined_frac"]})
     finally:
         engine.stop_background()
 

@@ -58,7 +58,9 @@ def build_tokenizer(config, workdir: str, world=None):
     if world is None:
         raise ValueError("a compact tokenizer needs the synthetic world's texts")
     from reagent_jax.agent.loop import DEFAULT_SYSTEM_PROMPT, FINAL_STEP_MESSAGE
-    texts = list(world.all_texts()) + [DEFAULT_SYSTEM_PROMPT, FINAL_STEP_MESSAGE]
+    from reagent_jax.rrm import build_refinement_message, rrm_system_prompt
+    texts = list(world.all_texts()) + [DEFAULT_SYSTEM_PROMPT, FINAL_STEP_MESSAGE, rrm_system_prompt(),
+                                       build_refinement_message("x")["content"]]
     tok = chat.build_compact_tokenizer(texts, vocab_size=t.vocab_size)
     os.makedirs(path, exist_ok=True)
     tok.save_pretrained(path)

@@ -111,7 +111,8 @@ def flawed_trajectory(
 
 
 def labelled_trajectories(
-    world: SyntheticWorld, split: str = "train", *, flaw_fraction: float = 0.5, seed: int = 0
+    world: SyntheticWorld, split: str = "train", *, flaw_fraction: float = 0.5, seed: int = 0,
+    tools: WorldTools | None = None, system_prompt: str | None = None,
 ) -> list[LabelledTrajectory]:
     """Each question's expert trajectory, plus (with probability flaw_fraction) one flawed one."""
     if not 0.0 <= flaw_fraction <= 1.0:
@@ -122,10 +123,11 @@ def labelled_trajectories(
         raise ValueError(f"split must be 'train', 'heldout' or 'all', got {split!r}")
     out = []
     for q in questions:
-        out.append(LabelledTrajectory(q, expert_trajectory(world, q), None))
+        out.append(LabelledTrajectory(q, expert_trajectory(world, q, tools=tools, system_prompt=system_prompt), None))
         if rng.random() < flaw_fraction:
             flaw = rng.choice(applicable_flaws(q))
-            out.append(LabelledTrajectory(q, flawed_trajectory(world, q, flaw, seed=seed), flaw))
+            out.append(LabelledTrajectory(q, flawed_trajectory(world, q, flaw, seed=seed, tools=tools,
+                                                               system_prompt=system_prompt), flaw))
     return out
 
 

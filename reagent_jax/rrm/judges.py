@@ -1,0 +1,72 @@
+"""Agent-RRM judges that run here: the local JAX model (through a rollout engine) and the
+rule-based annotator of the synthetic world. Both implement `judge_many(items) -> [Judgement]`
+like `rrm.remote.RemoteJudge`, so strategies take any of the three.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from reagent_jax import chat
+from reagent_jax.rollout import SamplingParams
+from reagent_jax.rrm.base import as_request
+from reagent_jax.rrm.parser import Judgement, JudgementStats, parse_judgement
+from reagent_jax.rrm.prompt import build_rrm_messages
+
+
+class LocalJudge:
+    """A Qwen3 Agent-RRM behind a rollout engine (its own, or the policy's engine with the RRM's
+    params): all requests of a call are batched through continuous batching."""
+
+    def __init__(self, engine, tokenizer, *, max_new_tokens: int = 256, temperature: float = 0.0,
+                 max_tool_chars: int = 3000, multi_dim: bool = False, fallback_score: float = 0.0, seed: int = 0):
+        self.engine, self.tok = engine, tokenizer
+        self.max_tool_chars, self.multi_dim, self.fallback = max_tool_chars, multi_dim, fallback_score
+        self.sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                                       stop_token_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),))
+        self.stats = JudgementStats()
+
+    def prompt_ids(self, question: str, trajectory: Sequence[dict], tools=None) -> list[int]:
+        msgs = build_rrm_messages(question, trajectory, tools=tools, max_tool_chars=self.max_tool_chars,
+                                  multi_dim=self.multi_dim)
+        return list(chat.render(self.tok, msgs, add_generation_prompt=True, mode="train").ids)
+
+    def judge_many(self, items: Sequence[Any]) -> list[Judgement]:
+        reqs = [as_request(it, i) for i, it in enumerate(items)]
+        prompts = [self.prompt_ids(r.question, r.trajectory, r.tools) for r in reqs]
+        limit = self.engine.max_len - 1
+        out: list[Optional[Judgement]] = [None] * len(reqs)
+        ok_idx = [i for i, p in enumerate(prompts) if len(p) < limit]
+        for i in set(range(len(reqs))) - set(ok_idx):  # too long for the judge's context: fallback
+            out[i] = parse_judgement("", fallback_score=self.fallback)
+        results = self.engine.generate([prompts[i] for i in ok_idx], self.sampling) if ok_idx else []
+        for i, res in zip(ok_idx, results):
+            text = self.tok.decode(res.tokens, skip_special_tokens=True)
+            out[i] = parse_judgement(text, fallback_score=self.fallback)
+        self.stats.update(out)
+        return out
+
+
+class RuleJudge:
+    """The synthetic world's rule-based annotator used directly as a judge: a programmatic
+    reference point (and the teacher the tiny local RRM is trained from)."""
+
+    def __init__(self, multi_dim: bool = False):
+        self.multi_dim = multi_dim
+        self.stats = JudgementStats()
+
+    def judge_many(self, items: Sequence[Any], records: Optional[Sequence[dict]] = None) -> list[Judgement]:
+        from reagent_jax.rrm.annotator import annotate
+        if records is None:
+            raise ValueError("RuleJudge needs the question records (with answers) of the trajectories")
+        out = [parse_judgement(annotate(rec, as_request(it, i).trajectory, multi_dim=self.multi_dim).text)
+               for i, (it, rec) in enumerate(zip(items, records))]
+        self.stats.update(out)
+        return out
+
+
+def judge_trajectories(judge, trajs) -> list[Judgement]:
+    """Judges agent `Trajectory` objects (question + whole message history, system turn left out)."""
+    items = [(t.question["question"], [m for m in t.messages if m["role"] != "system"]) for t in trajs]
+    if isinstance(judge, RuleJudge):
+        return judge.judge_many(items, records=[t.question for t in trajs])
+    return judge.judge_many(items)

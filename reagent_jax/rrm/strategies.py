@@ -1,0 +1,135 @@
+"""The three ways Reagent uses Agent-RRM feedback in GRPO, as `collect` strategies for
+`trainers.grpo.run_grpo` (each returns trajectories, rewards, group ids and metrics).
+
+  reagent_r  reward = R_rule + lam * R_model (score of the judge), lam default 0.3.
+  reagent_u  per question, n initial episodes + their critique-refined second attempts form ONE
+             group; advantages are normalised over the pooled group. A refined episode's loss
+             mask covers only its own new tokens (first attempt and critique are context).
+  reagent_c  inference-time refinement only: training uses the rule reward (like grpo); the
+             evaluation reports first- vs second-attempt accuracy (`evaluate_refinement`).
+
+Beyond the paper (configurable): selective refinement (only episodes whose score < refine_below
+get a second attempt), an adaptive lambda schedule (lam ramps linearly from lam_start to lam
+over lam_warmup steps), multi-dimensional sub-scores (logged when the judge emits them).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+
+from reagent_jax.rrm.judges import judge_trajectories
+from reagent_jax.rrm.parser import JudgementStatus
+from reagent_jax.rrm.prompt import build_refinement_message
+from reagent_jax.trainers.grpo import rule_reward
+
+
+@dataclasses.dataclass
+class RRMConfig:
+    lam: float = 0.3
+    lam_start: Optional[float] = None     # adaptive lambda: ramp from lam_start to lam
+    lam_warmup: int = 0
+    refine_below: float = 1.0             # selective refinement: refine when score < this (1.0: all)
+    judge_refined: bool = True            # Reagent-U: also judge second attempts (for lam > 0)
+
+
+def _lam(c: RRMConfig, step: int) -> float:
+    if c.lam_start is None or c.lam_warmup <= 0:
+        return c.lam
+    f = min(1.0, step / c.lam_warmup)
+    return c.lam_start + f * (c.lam - c.lam_start)
+
+
+def _judge_metrics(judgements, prefix="rrm") -> dict:
+    if not judgements:
+        return {}
+    scores = np.array([j.score for j in judgements], np.float32)
+    out = {f"{prefix}/score/mean": float(scores.mean()),
+           f"{prefix}/parse_ok_frac": float(np.mean([j.status == JudgementStatus.OK for j in judgements]))}
+    subs = [j.sub_scores for j in judgements if getattr(j, "sub_scores", None)]
+    for name in (subs[0] if subs else {}):
+        out[f"{prefix}/{name}/mean"] = float(np.mean([s.get(name, np.nan) for s in subs]))
+    return out
+
+
+class ReagentR:
+    name = "reagent_r"
+
+    def __init__(self, judge, config: RRMConfig = RRMConfig()):
+        self.judge, self.config, self.step = judge, config, 0
+
+    def collect(self, loop, records, n, seed):
+        trajs = loop.run(records, n=n, seed=seed)
+        js = judge_trajectories(self.judge, trajs)
+        lam = _lam(self.config, self.step)
+        self.step += 1
+        rule = np.array([rule_reward(t) for t in trajs], np.float32)
+        model = np.array([j.score for j in js], np.float32)
+        groups = np.repeat(np.arange(len(records)), n).astype(np.int32)
+        m = {"critic/rule_score/mean": float(rule.mean()), "rrm/lambda": lam, **_judge_metrics(js)}
+        return trajs, rule + lam * model, groups, m
+
+
+class ReagentU:
+    name = "reagent_u"
+    rows_per_episode = 2
+
+    def __init__(self, judge, config: RRMConfig = RRMConfig()):
+        self.judge, self.config, self.step = judge, config, 0
+
+    def collect(self, loop, records, n, seed):
+        keep = len(records) * n <= getattr(loop.engine, "num_slots", 0)  # cache reuse when all fit
+        first = loop.run(records, n=n, seed=seed, keep_sessions=keep)
+        js = judge_trajectories(self.judge, first)
+        lam = _lam(self.config, self.step)
+        self.step += 1
+        todo = [i for i, j in enumerate(js) if j.score < self.config.refine_below and first[i].finish_reason != "error"]
+        loop.release([t for i, t in enumerate(first) if i not in set(todo)])
+        refined = loop.continue_many([(first[i], [build_refinement_message(js[i].critique)]) for i in todo])
+        for i, t in zip(todo, refined):
+            t.critique = js[i].critique
+        rule1 = np.array([rule_reward(t) for t in first], np.float32)
+        rule2 = np.array([rule_reward(t) for t in refined], np.float32)
+        r1 = rule1 + lam * np.array([j.score for j in js], np.float32)
+        r2 = rule2
+        if lam and self.config.judge_refined and refined:
+            r2 = rule2 + lam * np.array([j.score for j in judge_trajectories(self.judge, refined)], np.float32)
+        groups1 = np.repeat(np.arange(len(records)), n)
+        groups2 = groups1[todo] if todo else np.zeros((0,), int)
+        trajs = list(first) + list(refined)
+        m = {"critic/rule_score/mean": float(rule1.mean()), "reagent/attempt1_acc": float((rule1 >= 1).mean()),
+             "reagent/attempt2_acc": float((rule2 >= 1).mean()) if len(rule2) else 0.0,
+             "reagent/refined_frac": len(todo) / max(1, len(first)), "rrm/lambda": lam, **_judge_metrics(js)}
+        return (trajs, np.concatenate([r1, r2]).astype(np.float32),
+                np.concatenate([groups1, groups2]).astype(np.int32), m)
+
+
+def evaluate_refinement(loop, judge, records, *, greedy: bool = True, seed: int = 0,
+                        refine_below: float = 1.0) -> dict:
+    """Reagent-C at inference: attempt 1, judge critique, attempt 2 (cache reused) -> accuracies."""
+    keep = len(records) <= getattr(loop.engine, "num_slots", 0)
+    first = loop.run(records, greedy=greedy, seed=seed, keep_sessions=keep)
+    js = judge_trajectories(judge, first)
+    todo = [i for i, j in enumerate(js) if j.score < refine_below and first[i].finish_reason != "error"]
+    loop.release([t for i, t in enumerate(first) if i not in set(todo)])
+    refined = loop.continue_many([(first[i], [build_refinement_message(js[i].critique)]) for i in todo],
+                                 greedy=greedy)
+    s1 = np.array([rule_reward(t) for t in first], np.float32)
+    s2 = s1.copy()
+    for i, t in zip(todo, refined):
+        s2[i] = rule_reward(t)
+    return {"attempt1_accuracy": float(s1.mean()), "attempt2_accuracy": float(s2.mean()),
+            "refined_frac": len(todo) / max(1, len(first)), "first": first, "refined": refined,
+            "judgements": js, **_judge_metrics(js)}
+
+
+def build(name: str, judge, config: RRMConfig = RRMConfig()):
+    """Strategy for `run_grpo` (None = plain GRPO, also used for reagent_c training)."""
+    if name in ("grpo", "reagent_c"):
+        return None
+    if name == "reagent_r":
+        return ReagentR(judge, config)
+    if name == "reagent_u":
+        return ReagentU(judge, config)
+    raise ValueError(f"unknown strategy {name!r}; use grpo, reagent_c, reagent_r or reagent_u")

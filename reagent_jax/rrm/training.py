@@ -1,0 +1,90 @@
+"""Training the Agent-RRM itself: SFT data from annotated trajectories, and GRPO with a
+verifiable reward.
+
+RRM GRPO reward (documented choice):
+    r = format_ok * (1 - |score - target|)
+format_ok is 1 when the parser finds think, critique and one in-range score (status "ok"), else
+0 (no credit for a well-placed number in a malformed reply). `target` is the record's label in
+[0, 1] (e.g. 1.0 for a correct trajectory, 0.0 for a wrong one, or an annotator's score).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from reagent_jax import chat
+from reagent_jax.agent.trajectory import Trajectory
+from reagent_jax.rollout import SamplingParams
+from reagent_jax.rrm.parser import JudgementStats, JudgementStatus, parse_judgement
+from reagent_jax.rrm.prompt import build_rrm_messages
+
+
+def rrm_reward(text: str, target: float) -> float:
+    j = parse_judgement(text)
+    if j.status != JudgementStatus.OK:
+        return 0.0
+    return float(1.0 - abs(j.score - float(target)))
+
+
+def sft_conversation(question: str, trajectory: Sequence[dict], judgement_text: str, *, tools=None,
+                     max_tool_chars: int = 3000, multi_dim: bool = False) -> list[dict]:
+    """One RRM SFT example: the judge prompt + the target judgement as the assistant turn."""
+    msgs = build_rrm_messages(question, [m for m in trajectory if m["role"] != "system"], tools=tools,
+                              max_tool_chars=max_tool_chars, multi_dim=multi_dim)
+    return msgs + [{"role": "assistant", "content": judgement_text}]
+
+
+def synthetic_rrm_records(world, tools=None, split: str = "train", flaw_fraction: float = 0.7, seed: int = 0,
+                          system_prompt=None) -> list[dict]:
+    """RRM records on the synthetic world: expert and flawed trajectories, each annotated by the
+    rule-based annotator (think / critique / score) — the Reagent-RRM-SFT schema."""
+    from reagent_jax.agent import envs
+    from reagent_jax.rrm.annotator import annotate
+    out = []
+    for lt in envs.labelled_trajectories(world, split, flaw_fraction=flaw_fraction, seed=seed, tools=tools,
+                                         system_prompt=system_prompt):
+        rec = lt.question.to_record()
+        a = annotate(rec, lt.messages)
+        out.append({"id": f"{rec['id']}/{lt.flaw or 'expert'}", "question": rec["question"], "record": rec,
+                    "trajectory": lt.messages, "think": a.think, "critique": a.critique, "score": a.score,
+                    "text": a.text, "flaw": lt.flaw, "target": 0.0 if lt.flaw else 1.0})
+    return out
+
+
+class RRMCollect:
+    """A `run_grpo` strategy that trains the RRM: each record (an RRM prompt with a target) gets n
+    sampled judgements; reward = rrm_reward. `loop` only lends its engine and tokenizer."""
+    name = "rrm_grpo"
+
+    def __init__(self, tokenizer, temperature: float = 1.0, max_new_tokens: int = 192, max_tool_chars: int = 3000):
+        self.tok, self.temperature, self.max_new, self.max_tool_chars = tokenizer, temperature, max_new_tokens, max_tool_chars
+        self.stats = JudgementStats()
+
+    def collect(self, loop, records, n, seed):
+        im_end = self.tok.convert_tokens_to_ids("<|im_end|>")
+        prompts, meta = [], []
+        for j, rec in enumerate(records):
+            msgs = build_rrm_messages(rec["question"], [m for m in rec["trajectory"] if m["role"] != "system"],
+                                      max_tool_chars=self.max_tool_chars)
+            ids = list(chat.render(self.tok, msgs, add_generation_prompt=True, mode="train").ids)
+            for i in range(n):
+                prompts.append(ids)
+                meta.append((j, i))
+        sps = [SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new, stop_token_ids=(im_end,),
+                              seed=(seed * 1_000_003 + k) % (2 ** 31)) for k in range(len(prompts))]
+        results = loop.engine.generate(prompts, sps)
+        trajs, scores = [], []
+        for (j, i), ids, res in zip(meta, prompts, results):
+            text = self.tok.decode(res.tokens, skip_special_tokens=True)
+            scores.append(rrm_reward(text, records[j]["target"]))
+            self.stats.update(parse_judgement(text))
+            t = Trajectory(question=records[j], messages=[], tokens=ids + list(res.tokens),
+                           loss_mask=[0] * len(ids) + [1] * len(res.tokens),
+                           logprobs=[0.0] * len(ids) + [float(x) for x in res.logprobs], prompt_len=len(ids),
+                           turn_spans=[(len(ids), len(ids) + len(res.tokens))], final_text=text, sample_index=i,
+                           finish_reason="answer" if res.finish_reason == "stop" else "length")
+            trajs.append(t)
+        groups = np.array([j for j, _ in meta], np.int32)
+        return trajs, np.asarray(scores, np.float32), groups, {"rrm/format_ok_frac": float(np.mean(
+            [s > 0 for s in scores]))}
