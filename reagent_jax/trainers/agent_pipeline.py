@@ -31,9 +31,34 @@ log = logging.getLogger(__name__)
 
 
 def build_registry(ctx):
-    corpus = ctx.world.write_corpus_jsonl(os.path.join(ctx.workdir, "corpus.jsonl"))
+    """The synthetic world's search corpus, or the tools' own env-configured backends."""
     names = [n.strip() for n in ctx.config.agent.tools.split(",") if n.strip()]
+    if ctx.world is None:
+        return tools.build_registry(names=names)
+    corpus = ctx.world.write_corpus_jsonl(os.path.join(ctx.workdir, "corpus.jsonl"))
     return tools.build_registry({"search": {"backend": "local", "corpus": corpus}}, names=names)
+
+
+def load_records(ctx) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) question records: the synthetic world, or JSONL files (config.data)."""
+    if ctx.world is not None:
+        return ctx.world.records("train"), ctx.world.records("heldout")[: ctx.config.eval.num_questions]
+    from reagent_jax import data
+    d = ctx.config.data
+    if not d.train_path:
+        raise ValueError("config.data.train_path is required when there is no synthetic world")
+    train = [dict(r) for r in data.JsonlSource(d.train_path, data.AGENT_RL)]
+    heldout = data.load_benchmark(d.eval_path)[: ctx.config.eval.num_questions] if d.eval_path else []
+    return train, heldout
+
+
+def sft_conversations(ctx, registry, loop) -> list[list[dict]]:
+    if ctx.world is not None:
+        return expert_conversations(ctx, registry, loop, ctx.world.train)
+    from reagent_jax import data
+    if not ctx.config.data.sft_path:
+        raise ValueError("the sft stage needs config.data.sft_path (agent SFT JSONL) without a synthetic world")
+    return [list(r["messages"]) for r in data.JsonlSource(ctx.config.data.sft_path, data.AGENT_SFT)]
 
 
 def expert_conversations(ctx, registry, loop: AgentLoop, questions) -> list[list[dict]]:
@@ -77,6 +102,9 @@ def train_rrm(ctx, registry, system_prompt, stage):
     """rrm_sft / rrm_grpo on annotated synthetic trajectories; returns the RRM params."""
     from reagent_jax.rrm import training
     c = ctx.config
+    if ctx.world is None:
+        raise ValueError(f"{stage} here trains on the synthetic world's annotated trajectories; for real data "
+                         "annotate trajectories with launch/annotate.py and train the RRM as a separate run")
     records = training.synthetic_rrm_records(ctx.world, tools=envs.RegistryTools(registry), seed=c.seed,
                                              system_prompt=system_prompt)
     if stage == "rrm_sft":
@@ -107,8 +135,7 @@ def run(config, workdir: str) -> dict:
     t_start = time.perf_counter()
     ctx = make_context(config, workdir)
     registry = build_registry(ctx)
-    train_records = ctx.world.records("train")
-    heldout = ctx.world.records("heldout")[: config.eval.num_questions]
+    train_records, heldout = load_records(ctx)
     stages = [s.strip() for s in config.stages.split(",") if s.strip()]
     unknown = set(stages) - {"sft", "grpo", "rrm_sft", "rrm_grpo"}
     if unknown:
@@ -130,6 +157,8 @@ def run(config, workdir: str) -> dict:
     rows = []
     try:
         def evaluate(name):
+            if not heldout:
+                return None
             ev = evaluate_agent(eval_loop, heldout, greedy=config.eval.greedy, seed=config.seed)
             rows.append(_row(name, ev))
             log.info("%s: held-out accuracy %.3f", name, ev["accuracy"])
@@ -149,7 +178,7 @@ def run(config, workdir: str) -> dict:
                 log.info("%s already finished; loading its final params", stage)
                 cfg, params = load_policy(ctx, stage)
             elif stage == "sft":
-                convs = expert_conversations(ctx, registry, loop, ctx.world.train)
+                convs = sft_conversations(ctx, registry, loop)
                 tools_schema = loop.tool_schemas if a.include_tool_schemas else None
                 examples = render_examples(ctx.tokenizer, convs, tools=tools_schema, max_len=config.sft.max_len)
                 params = run_sft(ctx, cfg, params, examples, config.sft, seed=config.seed)

@@ -69,6 +69,9 @@ def build_tokenizer(config, workdir: str, world=None):
 
 def model_config(config, tokenizer) -> models.Qwen3Config:
     m = config.model
+    if m.get("preset"):
+        return models.preset(m.preset, param_dtype=m.param_dtype, compute_dtype=m.compute_dtype,
+                             remat_policy=m.remat_policy)
     vocab = len(tokenizer)
     vocab = -(-vocab // 64) * 64  # round up: friendlier shapes, room for added tokens
     return models.Qwen3Config(vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
@@ -95,6 +98,6 @@ def load_policy(ctx: RunContext, previous_stage: Optional[str]):
 def make_context(config, workdir: str) -> RunContext:
     os.makedirs(workdir, exist_ok=True)
     mesh = None if config.mesh == "single" else parallel.mesh_from_preset(config.mesh)
-    world = build_world(config) if "world" in config else None
+    world = build_world(config) if config.get("world") else None
     tok = build_tokenizer(config, workdir, world)
     return RunContext(config=config, workdir=workdir, mesh=mesh, tokenizer=tok, world=world)
