@@ -18,9 +18,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     # Task: the synthetic world (fictional entities; search + python questions).
     c.world = ml_collections.ConfigDict(dict(seed=0, n_entities=40, n_questions=400, heldout_fraction=0.2,
-                                             level_weights=(0.3, 0.5, 0.2)))
+                                             level_weights=(0.3, 0.5, 0.2), search_topk=1))
     # A compact BPE trained on the world's texts (the real Qwen3 tokenizer is used for real checkpoints).
-    c.tokenizer = ml_collections.ConfigDict(dict(kind="compact", vocab_size=512, path=""))
+    c.tokenizer = ml_collections.ConfigDict(dict(kind="compact", vocab_size=1024, path=""))
 
     # Model: a tiny Qwen3 (fp32 on CPU). `init_from` may be an HF dir or a reagent_jax params dir.
     c.model = ml_collections.ConfigDict(dict(
@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
                                              include_tool_schemas=False, tools="search,python"))
     c.rollout = ml_collections.ConfigDict(dict(num_slots=64, max_len=768, prefill_chunk=256, decode_steps=8))
 
-    c.sft = ml_collections.ConfigDict(dict(steps=300, batch_size=16, micro_batches=1, learning_rate=3e-3,
+    c.sft = ml_collections.ConfigDict(dict(steps=250, batch_size=8, micro_batches=1, learning_rate=3e-3,
                                            warmup_steps=20, max_len=768))
     c.grpo = ml_collections.ConfigDict(dict(
         steps=12, questions_per_step=8, n=8, learning_rate=5e-4, warmup_steps=0, beta=0.0, kl_kind="k3",

@@ -42,7 +42,8 @@ def build_world(config):
     w = config.world
     return envs.make_world(envs.WorldConfig(seed=w.seed, n_entities=w.n_entities, n_questions=w.n_questions,
                                             heldout_fraction=w.heldout_fraction,
-                                            level_weights=tuple(w.level_weights)))
+                                            level_weights=tuple(w.level_weights),
+                                            search_topk=w.get("search_topk", 2)))
 
 
 def build_tokenizer(config, workdir: str, world=None):
@@ -59,9 +60,15 @@ def build_tokenizer(config, workdir: str, world=None):
         raise ValueError("a compact tokenizer needs the synthetic world's texts")
     from reagent_jax.agent.loop import DEFAULT_SYSTEM_PROMPT, FINAL_STEP_MESSAGE
     from reagent_jax.rrm import build_refinement_message, rrm_system_prompt
+    from reagent_jax.agent import envs
     texts = list(world.all_texts()) + [DEFAULT_SYSTEM_PROMPT, FINAL_STEP_MESSAGE, rrm_system_prompt(),
                                        build_refinement_message("x")["content"]]
-    tok = chat.build_compact_tokenizer(texts, vocab_size=t.vocab_size)
+    # Train twice: the second pass also sees whole rendered conversations, so template words
+    # ("assistant", "<think>\n\n</think>", tool-call JSON) become single tokens too.
+    first = chat.build_compact_tokenizer(texts, vocab_size=t.vocab_size)
+    convs = [envs.expert_trajectory(world, q, system_prompt=DEFAULT_SYSTEM_PROMPT) for q in world.train[:200]]
+    rendered = [chat.render(first, c, mode="train", add_generation_prompt=False).text for c in convs]
+    tok = chat.build_compact_tokenizer(texts + rendered, vocab_size=t.vocab_size)
     os.makedirs(path, exist_ok=True)
     tok.save_pretrained(path)
     return tok
