@@ -47,7 +47,9 @@ class StageRunner:
             self.state, meta = self.ckpt.restore(self.state, latest)
             self.start_step = int(meta["step"])
             log.info("%s: resumed from step %d (%s)", stage, self.start_step, self.ckpt.directory)
-        self.writer = metrics_lib.MetricsWriter(self.dir, resume_step=self.start_step if latest is not None else None)
+        # metrics of step s are logged at s + 1: a resumed run rewrites from start_step + 1 on
+        resume = self.start_step + 1 if latest is not None else None
+        self.writer = metrics_lib.MetricsWriter(self.dir, resume_step=resume)
         self.progress_keys = list(progress_keys)
 
     @property
