@@ -1,0 +1,16 @@
+"""Rollout: KV-cache prefill/decode kernels, fused sampling, and a continuous-batching engine.
+
+    engine = rollout.Engine(cfg, params, num_slots=16, max_len=4096)
+    outs = engine.generate(prompts, rollout.SamplingParams(temperature=0.0, max_new_tokens=64))
+    outs[i].tokens, outs[i].logprobs, outs[i].finish_reason
+
+Logprobs are log softmax(logits / T) over the full vocabulary before top-k / top-p truncation
+(T = 1 for greedy): the trainer's `models.token_logprobs(..., temperature=T)`.
+"""
+from reagent_jax.rollout.engine import Engine
+from reagent_jax.rollout.kernels import CACHE_AXES, init_cache, power_of_two_buckets
+from reagent_jax.rollout.sampling import SamplingParams, sample
+from reagent_jax.rollout.session import FINISH_REASONS, Result
+
+__all__ = ["Engine", "SamplingParams", "Result", "FINISH_REASONS", "sample", "init_cache", "CACHE_AXES",
+           "power_of_two_buckets"]

@@ -1,0 +1,224 @@
+"""The engine's driver half: one scheduling round of device work (admit waiting sessions, one
+batched prefill call, one fused decode call over all slots) and the bookkeeping of their results.
+
+One thread drives at a time (it holds `_drive_lock`). It takes the submission lock `_lock` only
+to read the queues and to apply results, never while a kernel runs, so `start` / `append` /
+`release` from other threads are not held up by device work.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Callable, Optional, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, SingleDeviceSharding
+
+from reagent_jax.models.config import Qwen3Config
+from reagent_jax.models.functional import param_shardings
+from reagent_jax.parallel.rules import DEFAULT_RULES, Rules
+from reagent_jax.rollout import kernels
+from reagent_jax.rollout.batches import decode_state, decode_window, prefill_batch
+from reagent_jax.rollout.session import DECODE, DONE, PAUSED, PREFILL, Result, Session, turn_end
+
+
+class Driver:
+    """Slots, queues, the KV cache and the params; `_step` runs one round. Subclassed by Engine,
+    which adds the thread-safe submission API."""
+
+    def __init__(self, cfg: Qwen3Config, params, *, num_slots: int, max_len: int, prefill_chunk: int,
+                 max_prefill_rows: int, length_buckets: Optional[Sequence[int]], row_buckets: Optional[Sequence[int]],
+                 window_buckets: Optional[Sequence[int]], decode_steps: int, max_stop_ids: int,
+                 mesh: Optional[Mesh], rules: Rules = DEFAULT_RULES,
+                 decode_fn: Optional[Callable[[list[int]], str]] = None, cache_dtype=None):
+        self.cfg, self.mesh, self.rules = cfg, mesh, rules
+        self.num_slots, self.max_len, self.prefill_chunk = num_slots, max_len, prefill_chunk
+        self.max_prefill_rows = min(max_prefill_rows, num_slots)
+        self.length_buckets = tuple(sorted(length_buckets or kernels.power_of_two_buckets(min(16, prefill_chunk), prefill_chunk)))
+        self.row_buckets = tuple(sorted(row_buckets or kernels.power_of_two_buckets(1, self.max_prefill_rows)))
+        if self.length_buckets[-1] < prefill_chunk or self.row_buckets[-1] < self.max_prefill_rows:
+            raise ValueError(f"Engine: largest length bucket {self.length_buckets[-1]} must be >= prefill_chunk="
+                             f"{prefill_chunk} and largest row bucket {self.row_buckets[-1]} >= max_prefill_rows="
+                             f"{self.max_prefill_rows}")
+        self.window_buckets = tuple(sorted({min(w, max_len) for w in (window_buckets or kernels.window_buckets(max_len))} | {max_len}))
+        self.decode_steps, self.max_stop_ids = decode_steps, max_stop_ids
+        self.decode_fn = decode_fn
+        self._param_sharding = (param_shardings(cfg, mesh, rules) if mesh is not None
+                                else jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), params))
+        self._params = self._place(params)
+        self._cache_dtype = cache_dtype
+        self._cache = self._new_cache()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._drive_lock = threading.Lock()
+        self._sessions: dict[int, Session] = {}
+        self._slots: list[Optional[Session]] = [None] * num_slots
+        self._waiting: collections.deque[Session] = collections.deque()
+        self._prefill_q: list[Session] = []
+        self._stats = collections.Counter()
+        self._times = collections.Counter()
+        self._shapes: set[str] = set()
+        self._last_error = ""
+
+    def _step(self, claim: bool) -> tuple[list[Result], bool]:
+        """One round; returns (turns that ended, whether any device work ran). With claim, the
+        results of finished single-turn sessions are handed over (not kept for wait())."""
+        events: list[Result] = []
+        with self._lock:
+            self._admit()
+            rows = self._prefill_q[: self.max_prefill_rows]
+        worked = bool(rows)
+        if rows:
+            events += self._prefill(rows)
+        with self._lock:
+            slots = [s if s is not None and s.state == DECODE and not s.release_pending else None for s in self._slots]
+        if any(s is not None for s in slots):
+            worked = True
+            events += self._decode(slots)
+        with self._lock:
+            for s in list(self._sessions.values()):
+                if s.release_pending and s.state in (PREFILL, DECODE):
+                    events.append(self._end_turn(s, "cancelled"))
+            self._prefill_q = [s for s in self._prefill_q if s.state == PREFILL]
+            if claim:
+                for r in events:
+                    s = self._sessions.get(r.session_id)
+                    if s is not None and s.state == DONE and not s.multi_turn:
+                        del self._sessions[s.sid]
+            if events:
+                self._cond.notify_all()
+        return events, worked
+
+    def _admit(self) -> None:
+        for i in range(self.num_slots):
+            if self._slots[i] is None and self._waiting:
+                s = self._waiting.popleft()
+                s.slot, s.state, s.cached = i, PREFILL, 0
+                self._slots[i] = s
+                self._prefill_q.append(s)
+
+    def _prefill(self, rows: list[Session]) -> list[Result]:
+        with self._lock:
+            kw, lens, completes = prefill_batch(rows, self.prefill_chunk, self.length_buckets, self.row_buckets,
+                                                self.window_buckets, self.max_len, self.num_slots)
+        out = self._call("prefill", kernels.prefill, **kw)
+        events = []
+        with self._lock:
+            if out is None:
+                return self._fail(rows)
+            tok, lp = out
+            self._stats["prefill_calls"] += 1
+            self._stats["prefill_tokens"] += sum(lens)
+            self._stats["prefill_padded_tokens"] += kw["tokens"].size
+            for s, n, done, t, l in zip(rows, lens, completes, tok, lp):
+                s.cached += n
+                if done:
+                    s.tokens.append(int(t))
+                    s.turn_logprobs.append(float(l))
+                    s.state = DECODE
+                    events += self._after_token(s)
+            self._prefill_q = [s for s in self._prefill_q if s.state == PREFILL]
+        return events
+
+    def _decode(self, slots: list[Optional[Session]]) -> list[Result]:
+        live = [s for s in slots if s is not None]
+        with self._lock:
+            state = decode_state(slots, self.max_stop_ids, exit_on_done=bool(self._waiting))
+            window = decode_window(slots, self.decode_steps, self.window_buckets, self.max_len)
+        out = self._call("decode", kernels.decode, state=state, num_steps=self.decode_steps, window=window)
+        events = []
+        with self._lock:
+            if out is None:
+                return self._fail(live)
+            out_tok, out_lp = out
+            steps = int((out_tok >= 0).any(axis=1).sum())
+            self._stats["decode_calls"] += 1
+            self._stats["decode_steps"] += steps
+            self._stats["decode_slot_steps"] += steps * self.num_slots
+            for i, s in enumerate(slots):
+                if s is None:
+                    continue
+                for j in range(steps):
+                    if out_tok[j, i] < 0:  # the device stopped this slot, the host did not
+                        events.append(self._end_turn(s, "error", error=f"internal: slot {i} stopped on device "
+                                                     "without a host-side reason"))
+                        break
+                    s.cached += 1  # the previously drawn token was written by this step
+                    s.tokens.append(int(out_tok[j, i]))
+                    s.turn_logprobs.append(float(out_lp[j, i]))
+                    self._stats["decode_tokens"] += 1
+                    ended = self._after_token(s)
+                    if ended:
+                        events += ended
+                        break
+        return events
+
+    def _after_token(self, s: Session) -> list[Result]:
+        try:
+            end = turn_end(s, self.max_len, self.decode_fn)
+        except Exception as e:  # a failing decode_fn ends this session only
+            return [self._end_turn(s, "error", error=f"decode_fn failed: {e!r}")]
+        return [] if end is None else [self._end_turn(s, end[0], stop=end[1])]
+
+    def _end_turn(self, s: Session, reason: str, stop=None, error: Optional[str] = None) -> Result:
+        res = s.finish_turn(reason, stop, error)
+        s.cached = min(s.cached, len(s.tokens) - 1)
+        self._stats["turns"] += 1
+        self._stats["errors"] += reason == "error"
+        if s.multi_turn and reason not in ("error", "cancelled") and not s.release_pending:
+            s.state = PAUSED
+        else:
+            s.state = DONE
+            self._free(s)
+        return res
+
+    def _free(self, s: Session) -> None:
+        if s.slot is not None and self._slots[s.slot] is s:
+            self._slots[s.slot] = None
+        s.slot = None
+
+    def _call(self, name: str, fn, **kw):
+        """Runs a kernel on the driver thread; counts compiles and time; None on failure."""
+        before = fn._cache_size()
+        arrays = [kw[k] for k in ("tokens", "state") if k in kw]
+        self._shapes.add(f"{name}[{'x'.join(map(str, np.shape(jax.tree.leaves(arrays)[0])))},w{kw['window']}]")
+        t0 = time.perf_counter()
+        try:
+            cache, *outs = fn(self.cfg, self._params, self._cache, mesh=self.mesh, rules=self.rules, **kw)
+            outs = [np.asarray(o) for o in outs]
+        except Exception as e:  # keep serving: only the sequences of this call fail
+            self._last_error = f"{name} kernel failed: {e!r}"
+            return None
+        finally:
+            self._stats["compiles"] += fn._cache_size() - before
+        self._cache = cache
+        self._times[name] += time.perf_counter() - t0
+        return outs
+
+    def _fail(self, sessions: list[Session]) -> list[Result]:
+        """Ends the given sessions with "error". If the donated cache was lost, every session
+        holding a slot loses its history too and the cache is rebuilt."""
+        msg = self._last_error
+        victims = list(sessions)
+        if any(c.is_deleted() for c in self._cache):
+            victims += [s for s in self._slots if s is not None and s not in victims]
+            self._cache = self._new_cache()
+        events = []
+        for s in victims:
+            if s.state in (PREFILL, DECODE):
+                events.append(self._end_turn(s, "error", error=msg))
+            elif s.state == PAUSED:  # its cache is gone: the session cannot continue
+                events.append(s.finish_turn("error", error=msg))
+                s.state = DONE
+                self._free(s)
+        self._prefill_q = [s for s in self._prefill_q if s.state == PREFILL]
+        return events
+
+    def _place(self, params):
+        return jax.device_put(params, self._param_sharding)
+
+    def _new_cache(self):
+        cache = kernels.init_cache(self.cfg, self.num_slots, self.max_len, self.mesh, self.rules, self._cache_dtype)
+        return cache if self.mesh is not None else jax.device_put(cache, SingleDeviceSharding(jax.devices()[0]))

@@ -1,0 +1,294 @@
+"""Continuous-batching rollout engine over a preallocated, sharded KV cache.
+
+    engine = Engine(cfg, params, num_slots=16, max_len=4096, decode_fn=tok.decode)
+    outs = engine.generate(prompts, SamplingParams(temperature=0.7, top_p=0.95, max_new_tokens=512))
+
+    sid = engine.start(prompt_ids, sampling, multi_turn=True)    # agent sessions
+    r = engine.wait(sid)                  # turn 1 ends on e.g. </tool_call> (stop token / string)
+    engine.append(sid, tool_response_ids, then_resume=sampling)  # written at the current length
+    r = engine.wait(sid)                  # turn 2; no history is recomputed
+    engine.release(sid)
+
+Slots: N sequences live in the cache at once; new sessions take free slots as they appear; a
+paused multi-turn session keeps its slot (and its cache) but does not decode, so it never holds
+back the others. Each `step()` runs at most one batched prefill call (one chunk of up to
+`prefill_chunk` tokens for up to `max_prefill_rows` sequences) and one decode call of up to
+`decode_steps` fused steps over all slots.
+
+Threading: submission (`start`, `append`, `release`) is thread-safe and never waits for device
+work: it takes a short lock and queues. Device work runs on one driver at a time, either
+  * a background thread: `engine.start_background()` (then `wait(sid)` just blocks), or
+  * whichever thread calls `step()` / `wait()` / `generate()` (each drives when nobody else does).
+Results of single-turn sessions stay available to `wait(sid)` until claimed once (`step()`
+called directly returns them and counts as the claim); multi-turn sessions live until
+`release(sid)`, even after an error ended them.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+from typing import Callable, Optional, Sequence, Union
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from reagent_jax.models.config import Qwen3Config
+from reagent_jax.parallel.rules import DEFAULT_RULES, Rules
+from reagent_jax.rollout.driver import Driver
+from reagent_jax.rollout.sampling import SEED_LIMIT, SamplingParams
+from reagent_jax.rollout.session import DECODE, DONE, PAUSED, PREFILL, WAITING, Result, Session
+
+
+class Engine(Driver):
+    """See the module docstring. All knobs are keyword arguments:
+
+    num_slots: sequences decoded together (cache rows). max_len: cache length per slot (prompt +
+    all turns). prefill_chunk: most tokens of one sequence written per prefill call.
+    length_buckets / row_buckets: allowed prefill shapes (default powers of two from 16 up to
+    prefill_chunk, and from 1 up to max_prefill_rows). window_buckets: attention windows (default
+    256, 1024, 4096, ... up to max_len): kernels attend over the smallest window holding every
+    live position instead of the whole max_len. decode_steps: decode steps fused per
+    device call (stop tokens and budgets are checked on device; more steps = fewer host round
+    trips). decode_fn (or tokenizer with .decode): token ids -> text, needed for stop strings.
+    """
+
+    def __init__(self, cfg: Qwen3Config, params, *, num_slots: int = 16, max_len: int = 2048,
+                 prefill_chunk: int = 512, max_prefill_rows: int = 8,
+                 length_buckets: Optional[Sequence[int]] = None, row_buckets: Optional[Sequence[int]] = None,
+                 window_buckets: Optional[Sequence[int]] = None, decode_steps: int = 8, max_stop_ids: int = 8, mesh: Optional[Mesh] = None,
+                 rules: Rules = DEFAULT_RULES, decode_fn: Optional[Callable[[list[int]], str]] = None,
+                 tokenizer=None, seed: int = 0, cache_dtype=None):
+        for name, value, lo in (("num_slots", num_slots, 1), ("max_len", max_len, 2), ("prefill_chunk", prefill_chunk, 1),
+                                ("max_prefill_rows", max_prefill_rows, 1), ("decode_steps", decode_steps, 1),
+                                ("max_stop_ids", max_stop_ids, 1)):
+            if not isinstance(value, int) or value < lo:
+                raise ValueError(f"Engine: {name}={value!r} must be an int >= {lo}")
+        if decode_fn is None and tokenizer is not None:
+            decode_fn = lambda ids: tokenizer.decode(ids)
+        super().__init__(cfg, params, num_slots=num_slots, max_len=max_len, prefill_chunk=prefill_chunk,
+                         max_prefill_rows=max_prefill_rows, length_buckets=length_buckets, row_buckets=row_buckets,
+                         window_buckets=window_buckets, decode_steps=decode_steps, max_stop_ids=max_stop_ids,
+                         mesh=mesh, rules=rules, decode_fn=decode_fn, cache_dtype=cache_dtype)
+        self._seeds = np.random.default_rng(seed)
+        self._ids = itertools.count()
+        self._thread: Optional[threading.Thread] = None
+        self._stop_thread = False
+
+    # ---- submission (any thread) -------------------------------------------------------------
+    def start(self, prompt_ids: Sequence[int], sampling: Optional[SamplingParams] = None, *,
+              multi_turn: bool = False, where: str = "engine.start") -> int:
+        """Queues a new sequence; returns its session id. multi_turn keeps its slot after each
+        turn (until `release`); otherwise the slot is freed when the turn ends."""
+        sampling = self._check_sampling(sampling, where)
+        ids = self._check_tokens(prompt_ids, f"{where}: prompt_ids")
+        if not ids:
+            raise ValueError(f"{where}: empty prompt (prompt_ids has no tokens)")
+        if len(ids) > self.max_len - 1:
+            raise ValueError(f"{where}: prompt has {len(ids)} tokens but max_len={self.max_len} leaves room for at "
+                             f"most {self.max_len - 1} (one slot position is needed to generate)")
+        with self._lock:
+            s = Session(next(self._ids), ids, multi_turn)
+            s.begin_turn(sampling, self._seed_for(sampling))
+            self._sessions[s.sid] = s
+            self._waiting.append(s)
+            self._stats["requests"] += 1
+            self._cond.notify_all()
+        return s.sid
+
+    def append(self, session_id: int, token_ids: Sequence[int], then_resume: Optional[SamplingParams] = None) -> None:
+        """Appends tokens (tool output, critique, ...) to a paused multi-turn session. They are
+        written into its cache at its current length; with `then_resume` a new turn is drawn
+        after them, otherwise they wait for a later append."""
+        where = f"engine.append(session {session_id})"
+        sampling = None if then_resume is None else self._check_sampling(then_resume, where)
+        ids = self._check_tokens(token_ids, f"{where}: token_ids")
+        with self._lock:
+            s = self._live(session_id, where)
+            if not s.multi_turn:
+                raise ValueError(f"{where}: the session was started with multi_turn=False")
+            if s.state != PAUSED:
+                raise ValueError(f"{where}: the session is {s.state}; append after its turn ends (wait for it)")
+            if len(s.tokens) + len(ids) > self.max_len - (1 if sampling else 0):
+                raise ValueError(f"{where}: {len(s.tokens)} tokens + {len(ids)} appended exceed max_len={self.max_len}"
+                                 + (" minus one position to generate" if sampling else ""))
+            s.tokens.extend(ids)
+            if sampling is not None:
+                s.begin_turn(sampling, self._seed_for(sampling))
+                s.state = PREFILL
+                self._prefill_q.append(s)
+                self._cond.notify_all()
+
+    def release(self, session_id: int) -> None:
+        """Frees the session's slot. A running turn ends with finish_reason "cancelled"; an
+        unclaimed result of a finished session is dropped."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            if s is not None and s.state == DONE and not s.release_pending:
+                del self._sessions[session_id]
+                return
+            s = self._live(session_id, f"engine.release(session {session_id})")
+            if s.state in (PREFILL, DECODE):
+                s.release_pending = True  # the driver ends it after its current device call
+                return
+            if s.state == WAITING:  # never ran: its (cancelled) result stays for wait()
+                self._waiting.remove(s)
+                s.finish_turn("cancelled")
+                s.state = DONE
+            else:  # paused
+                self._free(s)
+                del self._sessions[s.sid]
+            self._cond.notify_all()
+
+    def tokens(self, session_id: int) -> list[int]:
+        """The session's whole token sequence so far (prompt, drawn and appended tokens)."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            if s is None:
+                raise ValueError(f"engine.tokens: unknown session id {session_id} (never started or released)")
+            return list(s.tokens)
+
+    # ---- waiting / driving -------------------------------------------------------------------
+    def wait(self, session_id: int, timeout: Optional[float] = None) -> Result:
+        """Blocks until the session's current turn ends and returns its Result (drives the
+        engine itself when no background thread or other thread is driving)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                s = self._sessions.get(session_id)
+                if s is None:
+                    raise ValueError(f"engine.wait: unknown session id {session_id} (never started, released, "
+                                     "or its result was already claimed)")
+                if s.state in (PAUSED, DONE):
+                    if s.state == DONE and not s.multi_turn:  # claimed; multi-turn ones wait for release()
+                        del self._sessions[session_id]
+                    return s.results[-1]
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"engine.wait: session {session_id} still {s.state} after {timeout}s")
+                drive = self._thread is None and self._drive_lock.acquire(blocking=False)
+                if not drive:
+                    self._cond.wait(timeout=0.05)
+                    continue
+            try:
+                worked = self._step(claim=False)[1]
+            finally:
+                self._drive_lock.release()
+            if not worked:
+                with self._lock:
+                    self._cond.wait(timeout=0.01)  # e.g. all slots held by paused sessions
+
+    def step(self) -> list[Result]:
+        """Runs one scheduling round (admit, one prefill call, one decode call); returns the
+        turns that ended in it. For callers that drive the engine themselves."""
+        with self._drive_lock:
+            return self._step(claim=True)[0]
+
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 sampling: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> list[Result]:
+        """Blocking helper: one Result per prompt, in order. A bad request gets a Result with
+        finish_reason "error" (and .error saying why); the others are served normally."""
+        per = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(prompts)
+        if len(per) != len(prompts):
+            raise ValueError(f"engine.generate: {len(per)} sampling params for {len(prompts)} prompts")
+        sids = []
+        for i, (p, sp) in enumerate(zip(prompts, per)):
+            try:
+                sids.append(self.start(p, sp, where=f"engine.generate: prompts[{i}]"))
+            except ValueError as e:
+                sids.append(e)
+        return [Result(-1, [], [], "error", error=str(x)) if isinstance(x, Exception) else self.wait(x) for x in sids]
+
+    def start_background(self) -> None:
+        """Drives the engine from a daemon thread until `stop_background()`."""
+        if self._thread is not None:
+            return
+        self._stop_thread = False
+        self._thread = threading.Thread(target=self.run_forever, name="rollout-engine", daemon=True)
+        self._thread.start()
+
+    def run_forever(self) -> None:
+        while not self._stop_thread:
+            with self._drive_lock:
+                worked = self._step(claim=False)[1]
+            if not worked:
+                with self._lock:
+                    self._cond.wait(timeout=0.05)
+
+    def stop_background(self) -> None:
+        thread, self._stop_thread = self._thread, True
+        with self._lock:
+            self._cond.notify_all()
+        if thread is not None:
+            thread.join()
+        self._thread = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_background()
+
+    # ---- weights and stats -------------------------------------------------------------------
+    def update_params(self, params) -> None:
+        """Swaps in new weights (same structure, shapes, dtypes); nothing recompiles. Waits for
+        the device call in flight; sequences continue with the new weights."""
+        old = jax.tree_util.tree_structure(self._params)
+        if jax.tree_util.tree_structure(params) != old:
+            raise ValueError("engine.update_params: params tree structure differs from the engine's")
+        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(self._params)):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise ValueError(f"engine.update_params: {jax.tree_util.keystr(path)} is {a.shape} {a.dtype}, "
+                                 f"expected {b.shape} {b.dtype}")
+        placed = self._place(params)
+        with self._drive_lock:
+            self._params = placed
+
+    def stats(self) -> dict:
+        """Counters: requests, turns, errors, prefill_tokens (real tokens written by prefill),
+        prefill_padded_tokens, prefill_calls, decode_calls, decode_steps, decode_slot_steps,
+        decode_tokens (drawn tokens kept), utilisation (= decode_tokens / decode_slot_steps),
+        compiles (kernel compilations triggered by this engine), kernel_shapes (the distinct
+        shapes this engine ran, e.g. "prefill[4x32,w64]"), seconds spent per kernel, and
+        the current number of waiting / prefilling / decoding / paused sessions and free slots."""
+        with self._lock:
+            out = dict(self._stats)
+            out.update({f"{k}_seconds": v for k, v in self._times.items()})
+            out["utilisation"] = self._stats["decode_tokens"] / max(1, self._stats["decode_slot_steps"])
+            states = collections.Counter(s.state for s in self._sessions.values())
+            out.update({state: states.get(state, 0) for state in (WAITING, PREFILL, DECODE, PAUSED)})
+            out["free_slots"] = sum(s is None for s in self._slots)
+            out["kernel_shapes"] = sorted(self._shapes)
+            return out
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def _seed_for(self, sampling: SamplingParams) -> int:
+        return int(sampling.seed) if sampling.seed is not None else int(self._seeds.integers(SEED_LIMIT))
+
+    def _check_sampling(self, sampling: Optional[SamplingParams], where: str) -> SamplingParams:
+        sampling = SamplingParams() if sampling is None else sampling
+        if not isinstance(sampling, SamplingParams):
+            raise ValueError(f"{where}: sampling must be a SamplingParams, got {type(sampling).__name__}")
+        sampling.validate(self.cfg.vocab_size, where)
+        if sampling.stop_strings and self.decode_fn is None:
+            raise ValueError(f"{where}: stop_strings need a detokenizer: pass decode_fn= or tokenizer= to Engine")
+        return sampling
+
+    def _check_tokens(self, ids, where: str) -> list[int]:
+        arr = np.asarray(ids)
+        if arr.size == 0:
+            return []
+        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"{where}: expected a flat sequence of int token ids, got shape {arr.shape} {arr.dtype}")
+        bad = np.flatnonzero((arr < 0) | (arr >= self.cfg.vocab_size))
+        if bad.size:
+            raise ValueError(f"{where}: token id {int(arr[bad[0]])} at position {int(bad[0])} is outside the "
+                             f"vocabulary [0, {self.cfg.vocab_size})")
+        return arr.astype(np.int64).tolist()
+
+    def _live(self, session_id: int, where: str) -> Session:
+        s = self._sessions.get(session_id)
+        if s is None or s.state == DONE or s.release_pending:
+            raise ValueError(f"{where}: unknown session id {session_id} (never started, finished or released)")
+        return s

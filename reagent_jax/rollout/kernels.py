@@ -1,0 +1,173 @@
+"""Device kernels of the rollout engine: KV cache allocation, batched chunked prefill, and a
+multi-step decode loop with the sampler fused in.
+
+The cache is one preallocated pair (k, v), each [L, N, S, K, D] (layers, slots, max_len,
+kv heads, head dim), sharded by the logical axes CACHE_AXES (slots over data/fsdp, heads over
+tensor) and DONATED to every kernel, so it is updated in place. Only small per-row arrays cross
+the host boundary: token ids, lengths and flags in; sampled ids and logprobs out.
+
+Attention windows: a kernel only reads the first `window` cache positions (a static bucket
+>= every position the call touches), so attention cost and prefill score memory follow the
+longest live sequence instead of max_len.
+
+Shapes are bucketed by the engine (rows, chunk lengths and windows from short lists), so a run
+compiles a handful of kernels. All functions are pure and jitted with cfg / mesh / rules static.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from reagent_jax.models.config import Qwen3Config
+from reagent_jax.models.functional import forward_with_cache
+from reagent_jax.models.qwen3 import Qwen3
+from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain
+from reagent_jax.rollout.sampling import sample
+
+CACHE_AXES = ("layers", "cache_batch", "cache_len", "kv_heads", "head_dim")
+
+
+def power_of_two_buckets(lo: int, hi: int) -> tuple[int, ...]:
+    """lo, 2lo, 4lo, ... capped by (and always including) hi."""
+    if lo < 1 or hi < lo:
+        raise ValueError(f"bucket range [{lo}, {hi}] is empty or non-positive")
+    out, b = [], lo
+    while b < hi:
+        out.append(b)
+        b *= 2
+    out.append(hi)
+    return tuple(out)
+
+
+def window_buckets(max_len: int, lo: int = 256, factor: int = 4) -> tuple[int, ...]:
+    """Attention windows lo, lo*factor, ... capped by (and always including) max_len."""
+    out, w = [], lo
+    while w < max_len:
+        out.append(w)
+        w *= factor
+    return tuple(out) + (max_len,)
+
+
+def bucket(n: int, buckets: Sequence[int]) -> int:
+    """Smallest bucket >= n (buckets sorted ascending)."""
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+def cache_shape(cfg: Qwen3Config, num_slots: int, max_len: int) -> tuple[int, ...]:
+    return (cfg.num_layers, num_slots, max_len, cfg.num_kv_heads, cfg.head_dim)
+
+
+def init_cache(cfg: Qwen3Config, num_slots: int, max_len: int, mesh: Optional[Mesh] = None,
+               rules: Rules = DEFAULT_RULES, dtype=None):
+    """Zeroed (k, v) cache, each [L, N, S, K, D] in `dtype` (default: the compute dtype)."""
+    shape = cache_shape(cfg, num_slots, max_len)
+    dtype = jnp.dtype(dtype or cfg.compute_dtype)
+    # Placed by the same sharding constraint the kernels end with, so the first kernel call sees
+    # exactly the sharding every later call sees (no second compilation).
+    return jax.jit(lambda: _pin_cache((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)), mesh, rules))()
+
+
+def _pin_cache(cache, mesh, rules):
+    """Keeps the output cache on the input layout, so the next call hits the same executable."""
+    return tuple(constrain(c, CACHE_AXES, mesh, rules) for c in cache)
+
+
+class Sampling(NamedTuple):
+    """Per-row sampling parameters, each [B]."""
+    temperature: jax.Array  # fp32, 0 = greedy
+    top_p: jax.Array  # fp32 in (0, 1]
+    top_k: jax.Array  # int32, 0 = off
+    seeds: jax.Array  # uint32
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "window", "mesh", "rules"), donate_argnames=("cache",))
+def prefill(cfg: Qwen3Config, params, cache, tokens: jax.Array, write_index: jax.Array,
+            slot_ids: jax.Array, last_index: jax.Array, sampling: Sampling, *, window: int,
+            mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES):
+    """Writes one chunk per row into the cache and draws the token after each row's last one.
+
+    tokens [B, T] (right-padded), write_index [B] (cache index of tokens[:, 0]; padding rows
+    use max_len so their writes are dropped), slot_ids [B] (padding rows: N, out of range),
+    last_index [B] (index in T of the row's last real token). Every real token must land below
+    `window`. The B rows' first `window` positions are gathered, extended and scattered back, so
+    attention is [B, T, window]. Returns (cache, next_tokens [B], logprobs [B]); logits are
+    projected for the last position only: [B, V], never [B, T, V].
+    """
+    rows = tuple(c.at[:, slot_ids, :window].get(mode="fill", fill_value=0) for c in cache)  # [L, B, W, K, D]
+    h, rows = forward_with_cache(cfg, params, tokens, rows, write_index, mesh=mesh, rules=rules,
+                                 return_hidden=True)  # h [B, T, E]
+    cache = tuple(c.at[:, slot_ids, :window].set(r, mode="drop") for c, r in zip(cache, rows))
+    h_last = jnp.take_along_axis(h, last_index[:, None, None], axis=1)[:, 0]  # [B, E]
+    logits = Qwen3(cfg, mesh, rules).apply({"params": params}, h_last, method=Qwen3.project)  # [B, V]
+    positions = write_index + last_index + 1
+    tok, lp = sample(logits, sampling.temperature, sampling.top_p, sampling.top_k, sampling.seeds, positions)
+    return _pin_cache(cache, mesh, rules), tok, lp
+
+
+class DecodeState(NamedTuple):
+    """Per-slot decode state, each [N] (stop_ids [N, M], -1 padded)."""
+    tokens: jax.Array  # int32: the last drawn token, not yet in the cache
+    lengths: jax.Array  # int32: tokens in the cache (= where `tokens` is written)
+    active: jax.Array  # bool
+    remaining: jax.Array  # int32: tokens this turn may still draw
+    sampling: Sampling
+    stop_ids: jax.Array  # int32 [N, M]
+    exit_on_done: jax.Array  # bool []: end the call as soon as any slot finishes (slots are awaited)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "num_steps", "window", "mesh", "rules"),
+                   donate_argnames=("cache",))
+def decode(cfg: Qwen3Config, params, cache, state: DecodeState, *, num_steps: int, window: int,
+           mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES):
+    """Runs up to `num_steps` decode steps over all N slots in one call: a while loop that ends
+    early once no slot is active, or once any slot finishes if `state.exit_on_done` (so a freed
+    slot is refilled without waiting for the rest of the fused steps), or before any active
+    slot would write at or past `window`. The loop works on the cache's first `window`
+    positions (copied out once and written back once per call). Inactive slots write past the
+    window (dropped). A slot stops on a stop token, when its budget is spent, or when the
+    sequence would outgrow the cache (lengths + 1 == max_len). Returns (cache, out_tokens
+    [num_steps, N], out_logprobs [num_steps, N]); out_tokens is -1 where a slot drew nothing.
+    """
+    full = cache
+    max_len = cache[0].shape[2]
+    if window < max_len:
+        cache = tuple(c[:, :, :window] for c in full)
+    n = state.tokens.shape[0]
+    s = state.sampling
+    n_active = jnp.sum(state.active)
+
+    def cond(carry):
+        i, st, _, _, _ = carry
+        someone_done = jnp.sum(st.active) < n_active
+        room = jnp.all(~st.active | (st.lengths < window))
+        return (i < num_steps) & jnp.any(st.active) & ~(state.exit_on_done & someone_done) & room
+
+    def body(carry):
+        i, st, cache, out_tok, out_lp = carry
+        write = jnp.where(st.active, st.lengths, window)
+        logits, cache = forward_with_cache(cfg, params, st.tokens[:, None], cache, write, mesh=mesh, rules=rules)
+        tok, lp = sample(logits[:, 0], s.temperature, s.top_p, s.top_k, s.seeds, st.lengths + 1)
+        tok = jnp.where(st.active, tok, -1)
+        out_tok = out_tok.at[i].set(tok)
+        out_lp = out_lp.at[i].set(jnp.where(st.active, lp, 0.0))
+        step = st.active.astype(jnp.int32)
+        lengths, remaining = st.lengths + step, st.remaining - step
+        hit_stop = jnp.any(tok[:, None] == st.stop_ids, axis=-1)
+        active = st.active & ~hit_stop & (remaining > 0) & (lengths + 1 < max_len)
+        st = st._replace(tokens=jnp.where(st.active, tok, st.tokens), lengths=lengths, active=active,
+                         remaining=remaining)
+        return i + 1, st, _pin_cache(cache, mesh, rules), out_tok, out_lp
+
+    out_tok = jnp.full((num_steps, n), -1, jnp.int32)
+    out_lp = jnp.zeros((num_steps, n), jnp.float32)
+    _, _, cache, out_tok, out_lp = jax.lax.while_loop(cond, body, (jnp.int32(0), state, cache, out_tok, out_lp))
+    if window < max_len:
+        cache = _pin_cache(tuple(jax.lax.dynamic_update_slice(f, c, (0,) * 5) for f, c in zip(full, cache)), mesh, rules)
+    return cache, out_tok, out_lp
