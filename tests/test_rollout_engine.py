@@ -322,3 +322,13 @@ def test_a_failing_kernel_ends_only_its_sequences(model):
     eng.append(paused, [9], then_resume=GREEDY.replace(max_new_tokens=2))  # its cache survived
     assert eng.wait(paused).finish_reason == "length"
     eng.release(paused)
+
+
+def test_default_shape_buckets(model):
+    cfg, params = model
+    eng = rollout.Engine(cfg, params, num_slots=4, max_len=3000, prefill_chunk=512, max_prefill_rows=8)
+    assert eng.length_buckets == (32, 128, 512) and eng.row_buckets == (1, 2, 4)  # rows capped by the slots
+    assert eng.window_buckets == (256, 1024, 3000)
+    assert rollout.geometric_buckets(1, 8) == (1, 2, 4, 8) and rollout.geometric_buckets(256, 100, 4) == (100,)
+    with pytest.raises(ValueError, match="largest length bucket 64 must be >= prefill_chunk=512"):
+        rollout.Engine(cfg, params, num_slots=4, max_len=3000, prefill_chunk=512, length_buckets=(64,))

@@ -97,8 +97,8 @@ def forward_with_cache(cfg: Qwen3Config, params, tokens: jax.Array, cache, write
     tokens = jnp.asarray(tokens, jnp.int32)
     t = tokens.shape[1]
     positions = write_index[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-    key_valid = jnp.ones((tokens.shape[0], cache[0].shape[2]), bool)
-    mask = attention_mask(positions, key_valid)
+    q_index = jnp.broadcast_to(jnp.arange(t), tokens.shape)
+    mask = attention_mask(q_index, jnp.ones(tokens.shape, bool))  # causal among the new tokens
     return Qwen3(cfg, mesh, rules).apply({"params": params}, tokens, positions, mask, cache, write_index,
                                          slot_ids, return_hidden=return_hidden)
 

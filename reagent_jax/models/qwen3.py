@@ -74,11 +74,12 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x, positions, mask, layer_cache=None, write_index=None, slot_ids=None):
-        """x [b,t,e]; positions [b,t]; mask [b,t,s]; layer_cache (k, v) [n,S,k,d] or None.
+        """x [b,t,e]; positions [b,t]; layer_cache (k, v) [n,S,k,d] or None.
 
-        With a cache, row b of x belongs to cache row slot_ids[b] (default b): its keys/values are
-        written at write_index[b] + t (writes past S are dropped, which is how padding rows of a
-        bucketed batch stay harmless) and it attends over that cache row.
+        Without a cache, mask [b,t,s] says which of this call's tokens each query sees. With a
+        cache, row b of x belongs to cache row slot_ids[b] (default b) and sees its cached
+        positions < write_index[b] plus this call's tokens by `mask` [b,t,t] (causal); the new
+        (k, v) [b,t,k,d] are returned for the caller to write at write_index[b] + t.
         """
         c = self.cfg
         dt, pdt = c.jnp_dtype, c.jnp_param_dtype
@@ -96,29 +97,36 @@ class Attention(nn.Module):
         q = constrain(q, ("batch", "act_len", "act_heads", None), self.mesh, self.rules)
         k = constrain(k, ("batch", "act_len", "act_kv_heads", None), self.mesh, self.rules)
 
-        new_cache = None
-        if layer_cache is not None:
-            ck, cv = layer_cache  # [n, S, k, d]
-            rows = jnp.arange(x.shape[0]) if slot_ids is None else slot_ids  # [b]
-            t_idx = write_index[:, None] + jnp.arange(x.shape[1])[None, :]  # [b, t]; OOB writes drop
-            ck = ck.at[rows[:, None], t_idx].set(k.astype(ck.dtype), mode="drop")
-            cv = cv.at[rows[:, None], t_idx].set(v.astype(cv.dtype), mode="drop")
-            new_cache = (ck, cv)
-            if slot_ids is None:
-                k, v = ck.astype(dt), cv.astype(dt)
-            else:
-                k, v = ck[rows].astype(dt), cv[rows].astype(dt)  # [b, S, k, d]
-
         b, t = q.shape[:2]
         qg = q.reshape(b, t, c.num_kv_heads, c.num_groups, c.head_dim)
-        scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
-        scores = scores * (c.head_dim ** -0.5)
-        scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, c.num_heads, c.head_dim)
+        scale = c.head_dim ** -0.5
+        if layer_cache is None:
+            scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+            probs = jax.nn.softmax(jnp.where(mask[:, None, None], scores, _NEG), axis=-1).astype(dt)
+            out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+        else:
+            # Two-part softmax over (cached positions < write_index) and (new tokens, causal): the
+            # cache is only read here; the new K/V are returned and scattered once after the layer
+            # loop, so a decode step never copies the cache.
+            ck, cv = layer_cache  # [n, S, k, d]
+            if slot_ids is not None:
+                ck, cv = ck[slot_ids], cv[slot_ids]  # [b, S, k, d]
+            ck, cv = ck.astype(dt), cv.astype(dt)
+            old_valid = jnp.arange(ck.shape[1])[None, :] < write_index[:, None]  # [b, S]
+            s_old = jnp.einsum("btkgd,bskd->bkgts", qg, ck, preferred_element_type=jnp.float32) * scale
+            s_old = jnp.where(old_valid[:, None, None, None, :], s_old, _NEG)
+            s_new = jnp.einsum("btkgd,bukd->bkgtu", qg, k, preferred_element_type=jnp.float32) * scale
+            s_new = jnp.where(mask[:, None, None], s_new, _NEG)
+            m = jnp.maximum(s_old.max(-1), s_new.max(-1))[..., None]
+            e_old, e_new = jnp.exp(s_old - m), jnp.exp(s_new - m)
+            z = e_old.sum(-1, keepdims=True) + e_new.sum(-1, keepdims=True)
+            out = (jnp.einsum("bkgts,bskd->btkgd", (e_old / z).astype(dt), cv)
+                   + jnp.einsum("bkgtu,bukd->btkgd", (e_new / z).astype(dt), v))
+        out = out.reshape(b, t, c.num_heads, c.head_dim)
         out = constrain(out, ("batch", "act_len", "act_heads", None), self.mesh, self.rules)
         y = jnp.einsum("bthd,hde->bte", out, wo.astype(dt))
-        return y, new_cache
+        new_kv = None if layer_cache is None else (k, v)
+        return y, new_kv
 
 
 class MLP(nn.Module):
@@ -140,28 +148,24 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm block. Scan-compatible: (carry, broadcast inputs) -> (carry, None)."""
+    """One pre-norm block, scanned over layers: carry x, scanned layer cache, broadcast rest."""
     cfg: Qwen3Config
     mesh: Optional[Mesh] = None
     rules: Rules = DEFAULT_RULES
 
     @nn.compact
-    def __call__(self, carry, positions, mask, write_index, slot_ids):
-        x, cache, layer = carry  # cache: None or (k_all, v_all) [l, b, S, k, d]
+    def __call__(self, x, layer_cache, positions, mask, write_index, slot_ids):
+        """x [b,t,e] (the scan carry); layer_cache: this layer's (k, v) [n,S,k,d] (scanned) or None.
+        Returns (x, new (k, v) of this call's tokens or None)."""
         c = self.cfg
-        layer_cache = None
-        if cache is not None:
-            layer_cache = (cache[0][layer], cache[1][layer])
         h = RMSNorm(c.hidden_size, c.rms_norm_eps, c.jnp_param_dtype, name="input_norm")(x)
-        a, new_layer_cache = Attention(c, self.mesh, self.rules, name="attn")(h, positions, mask, layer_cache, write_index, slot_ids)
+        a, new_kv = Attention(c, self.mesh, self.rules, name="attn")(h, positions, mask, layer_cache, write_index,
+                                                                      slot_ids)
         x = x + a.astype(x.dtype)
         h = RMSNorm(c.hidden_size, c.rms_norm_eps, c.jnp_param_dtype, name="post_attn_norm")(x)
         x = x + MLP(c, self.mesh, self.rules, name="mlp")(h).astype(x.dtype)
         x = constrain(x, ("batch", "act_len", "act_embed"), self.mesh, self.rules)
-        if cache is not None:
-            cache = (jax.lax.dynamic_update_index_in_dim(cache[0], new_layer_cache[0], layer, 0),
-                     jax.lax.dynamic_update_index_in_dim(cache[1], new_layer_cache[1], layer, 0))
-        return (x, cache, layer + 1), None
+        return x, new_kv
 
 
 _REMAT = {
@@ -186,7 +190,7 @@ class Qwen3(nn.Module):
             layer_cls = nn.remat(DecoderLayer, policy=_REMAT[c.remat_policy], prevent_cse=False)
         self.layers = nn.scan(
             layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
-            in_axes=(nn.broadcast,) * 4, length=c.num_layers,
+            in_axes=(0,) + (nn.broadcast,) * 4, length=c.num_layers,
             unroll=1 if c.scan_layers else c.num_layers,
             metadata_params={nn.PARTITION_NAME: "layers"})(c, self.mesh, self.rules, name="layers")
         self.final_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.jnp_param_dtype)
@@ -203,7 +207,12 @@ class Qwen3(nn.Module):
         c = self.cfg
         x = jnp.take(self.embedding, tokens, axis=0).astype(c.jnp_dtype)  # [b, t, e]
         x = constrain(x, ("batch", "act_len", "act_embed"), self.mesh, self.rules)
-        (x, cache, _), _ = self.layers((x, cache, jnp.int32(0)), positions, mask, write_index, slot_ids)
+        x, new_kv = self.layers(x, cache, positions, mask, write_index, slot_ids)  # new_kv: [l, b, t, k, d]
+        if cache is not None:  # one in-place scatter of every layer's new K/V (the cache is donated)
+            rows = jnp.arange(tokens.shape[0]) if slot_ids is None else slot_ids
+            t_idx = write_index[:, None] + jnp.arange(tokens.shape[1])[None, :]  # [b, t]; OOB writes drop
+            cache = tuple(cc.at[:, rows[:, None], t_idx].set(nk.astype(cc.dtype), mode="drop")
+                          for cc, nk in zip(cache, new_kv))
         h = self.final_norm(x)
         if return_hidden:
             return h, cache

@@ -8,9 +8,9 @@ Logprobs are log softmax(logits / T) over the full vocabulary before top-k / top
 (T = 1 for greedy): the trainer's `models.token_logprobs(..., temperature=T)`.
 """
 from reagent_jax.rollout.engine import Engine
-from reagent_jax.rollout.kernels import CACHE_AXES, init_cache, power_of_two_buckets
+from reagent_jax.rollout.kernels import CACHE_AXES, geometric_buckets, init_cache
 from reagent_jax.rollout.sampling import SamplingParams, sample
 from reagent_jax.rollout.session import FINISH_REASONS, Result
 
 __all__ = ["Engine", "SamplingParams", "Result", "FINISH_REASONS", "sample", "init_cache", "CACHE_AXES",
-           "power_of_two_buckets"]
+           "geometric_buckets"]

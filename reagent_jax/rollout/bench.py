@@ -6,7 +6,7 @@
   multi_turn(...)            8-turn trajectories: cache reuse vs re-prefilling the history
   continuous_vs_static(...)  skewed lengths: continuous batching vs static batches
 
-Timings are medians over `repeats` runs after one warm-up run (compiles excluded); on a shared
+Timings are medians over `iters` runs after one warm-up run (compiles excluded); on a shared
 CPU compare ratios rather than absolute numbers. Everything runs in fp32 by default so the
 torch CPU comparison is like for like.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from typing import Callable, Sequence
+from typing import Callable, Sequence, Union
 
 import jax
 import numpy as np
@@ -28,8 +28,10 @@ from reagent_jax.rollout.engine import Engine
 from reagent_jax.rollout.sampling import SamplingParams
 
 
-def _model(name: str, compute_dtype: str = "float32"):
-    cfg = preset(name, compute_dtype=compute_dtype, param_dtype="float32")
+def _model(cfg: Union[Qwen3Config, str]):
+    """fp32 (like the torch baseline) random weights for a config or a preset name."""
+    cfg = preset(cfg) if isinstance(cfg, str) else cfg
+    cfg = cfg.replace(param_dtype="float32", compute_dtype="float32")
     return cfg, init_params(cfg, jax.random.PRNGKey(0))
 
 
@@ -38,10 +40,10 @@ def _prompts(cfg: Qwen3Config, n: int, length: int, seed: int = 0) -> list[list[
     return [rng.integers(0, cfg.vocab_size, length).tolist() for _ in range(n)]
 
 
-def _median_run(run: Callable[[], dict], repeats: int) -> dict:
-    """Runs once to warm up (compile), then `repeats` times; returns the median-wall run."""
+def _median_run(run: Callable[[], dict], iters: int) -> dict:
+    """Runs once to warm up (compile), then `iters` times; returns the median-wall run."""
     run()
-    runs = sorted((run() for _ in range(repeats)), key=lambda r: r["wall_s"])
+    runs = sorted((run() for _ in range(iters)), key=lambda r: r["wall_s"])
     return runs[len(runs) // 2]
 
 
@@ -53,27 +55,27 @@ def _engine_run(make: Callable[[], Engine], work: Callable[[Engine], object]) ->
     return {"wall_s": wall, "stats": eng.stats(), "out": out}
 
 
-def throughput(name: str = "bench-256", batch: int = 16, prompt_len: int = 64, new_tokens: int = 64,
-               decode_steps: int = 8, repeats: int = 3, with_transformers: bool = True) -> dict:
+def throughput(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prompt_len: int = 64, new_tokens: int = 64,
+               decode_steps: int = 8, iters: int = 3, with_torch: bool = True) -> dict:
     """Greedy generation of `new_tokens` for `batch` prompts: our engine vs transformers."""
-    cfg, params = _model(name)
+    cfg, params = _model(cfg)
     prompts = _prompts(cfg, batch, prompt_len)
     sp = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
     make = lambda: Engine(cfg, params, num_slots=batch, max_len=prompt_len + new_tokens, prefill_chunk=prompt_len,
                           max_prefill_rows=batch, length_buckets=(prompt_len,), row_buckets=(batch,),
                           decode_steps=decode_steps)
-    r = _median_run(lambda: _engine_run(make, lambda e: e.generate(prompts, sp)), repeats)
+    r = _median_run(lambda: _engine_run(make, lambda e: e.generate(prompts, sp)), iters)
     st = r["stats"]
     out = {
-        "shape": dict(preset=name, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, decode_steps=decode_steps),
+        "shape": dict(hidden=cfg.hidden_size, layers=cfg.num_layers, vocab=cfg.vocab_size, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, decode_steps=decode_steps),
         "engine_tokens_per_s": batch * new_tokens / r["wall_s"],
         "engine_prefill_tokens_per_s": st["prefill_tokens"] / st["prefill_seconds"],
         "engine_decode_tokens_per_s": st["decode_tokens"] / st["decode_seconds"],
         "engine_decode_step_ms": 1e3 * st["decode_seconds"] / max(1, st["decode_steps"]),
         "engine_wall_s": r["wall_s"],
     }
-    if with_transformers:
-        hf = _transformers_generate(cfg, params, prompts, new_tokens, repeats)
+    if with_torch:
+        hf = _transformers_generate(cfg, params, prompts, new_tokens, iters)
         ours = [o.tokens for o in r["out"]]
         out.update(hf.pop("figures"))
         out["greedy_rows_identical_to_transformers"] = float(np.mean([a == b for a, b in zip(ours, hf["tokens"])]))
@@ -82,7 +84,7 @@ def throughput(name: str = "bench-256", batch: int = 16, prompt_len: int = 64, n
     return out
 
 
-def _transformers_generate(cfg, params, prompts, new_tokens, repeats) -> dict:
+def _transformers_generate(cfg, params, prompts, new_tokens, iters) -> dict:
     import torch
     from transformers import Qwen3ForCausalLM
     perf.set_torch_threads()
@@ -101,8 +103,8 @@ def _transformers_generate(cfg, params, prompts, new_tokens, repeats) -> dict:
         with torch.no_grad():
             return model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
 
-    t_gen = perf.median(perf.time_calls(gen, iters=repeats, warmup=1))
-    t_pre = perf.median(perf.time_calls(prefill, iters=repeats, warmup=1))
+    t_gen = perf.median(perf.time_calls(gen, iters=iters, warmup=1))
+    t_pre = perf.median(perf.time_calls(prefill, iters=iters, warmup=1))
     n = ids.shape[0] * new_tokens
     tokens = gen()[:, ids.shape[1]:].tolist()
     return {"tokens": tokens, "figures": {
@@ -112,12 +114,12 @@ def _transformers_generate(cfg, params, prompts, new_tokens, repeats) -> dict:
         "transformers_wall_s": t_gen}}
 
 
-def roofline(name: str = "bench-256", batch: int = 16, prompt_len: int = 64, new_tokens: int = 64,
-             decode_steps: int = 8, repeats: int = 5) -> dict:
+def roofline(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prompt_len: int = 64, new_tokens: int = 64,
+             decode_steps: int = 8, iters: int = 5) -> dict:
     """Bound of one decode step = max(FLOPs / peak, bytes / bandwidth), where bytes = every
     weight once + the KV cache the step attends over; the fraction of it reached. On a shared
-    machine every figure is the best of `repeats` (least disturbed) run, measured interleaved."""
-    cfg, params = _model(name)
+    machine every figure is the best of `iters` (least disturbed) run, measured interleaved."""
+    cfg, params = _model(cfg)
     n = 2048
     a, b = jax.numpy.ones((n, n)), jax.numpy.ones((n, n))
     big = jax.numpy.ones((64 * 1024 * 1024,))  # 256 MiB
@@ -129,7 +131,7 @@ def roofline(name: str = "bench-256", batch: int = 16, prompt_len: int = 64, new
                           decode_steps=decode_steps)
     _engine_run(make, lambda e: e.generate(prompts, sp))  # compile
     t_mm, t_rd, t_step = [], [], []
-    for _ in range(repeats):
+    for _ in range(iters):
         t_mm += perf.time_calls(lambda: matmul(a, b), iters=2)
         t_rd += perf.time_calls(lambda: read(big), iters=2)
         st = _engine_run(make, lambda e: e.generate(prompts, sp))["stats"]
@@ -153,23 +155,23 @@ def roofline(name: str = "bench-256", batch: int = 16, prompt_len: int = 64, new
     }
 
 
-def decode_steps_sweep(name: str = "bench-256", steps: Sequence[int] = (1, 4, 16), batch: int = 16,
-                       prompt_len: int = 64, new_tokens: int = 64, repeats: int = 3) -> dict:
+def decode_steps_sweep(cfg: Union[Qwen3Config, str] = "bench-256", steps: Sequence[int] = (1, 4, 16), batch: int = 16,
+                       prompt_len: int = 64, new_tokens: int = 64, iters: int = 3) -> dict:
     """Decode tokens/s for several fused steps per host round trip."""
     out = {}
     for k in steps:
-        r = throughput(name, batch, prompt_len, new_tokens, k, repeats, with_transformers=False)
+        r = throughput(cfg, batch, prompt_len, new_tokens, k, iters, with_torch=False)
         out[f"decode_tokens_per_s@{k}"] = r["engine_decode_tokens_per_s"]
         out[f"tokens_per_s@{k}"] = r["engine_tokens_per_s"]
     out["speedup_fused_vs_1"] = out[f"tokens_per_s@{steps[-1]}"] / out[f"tokens_per_s@{steps[0]}"]
     return out
 
 
-def multi_turn(name: str = "bench-256", trajectories: int = 8, turns: int = 8, prompt_len: int = 64,
-               turn_tokens: int = 16, tool_tokens: int = 48, repeats: int = 3) -> dict:
+def multi_turn(cfg: Union[Qwen3Config, str] = "bench-256", trajectories: int = 8, turns: int = 8, prompt_len: int = 64,
+               turn_tokens: int = 16, tool_tokens: int = 48, iters: int = 3) -> dict:
     """Agent-like trajectories (turn_tokens drawn, then tool_tokens appended, `turns` times):
     appending into the live cache vs starting a fresh request with the whole history each turn."""
-    cfg, params = _model(name)
+    cfg, params = _model(cfg)
     prompts = _prompts(cfg, trajectories, prompt_len)
     tools = _prompts(cfg, trajectories * turns, tool_tokens, seed=1)
     sp = SamplingParams(temperature=0.0, max_new_tokens=turn_tokens)
@@ -179,9 +181,10 @@ def multi_turn(name: str = "bench-256", trajectories: int = 8, turns: int = 8, p
 
     def reuse(e: Engine):
         sids = [e.start(p, sp, multi_turn=True) for p in prompts]
-        for t in range(turns):
-            for i, sid in enumerate(sids):
+        for t in range(turns):  # batched like `recompute`: all turns end, then all tools answer
+            for sid in sids:
                 e.wait(sid)
+            for i, sid in enumerate(sids):
                 e.append(sid, tools[t * trajectories + i], then_resume=sp)
         for sid in sids:
             e.wait(sid)
@@ -195,35 +198,38 @@ def multi_turn(name: str = "bench-256", trajectories: int = 8, turns: int = 8, p
                 hist = [h + o.tokens + tools[t * trajectories + i] for i, (h, o) in enumerate(zip(hist, outs))]
         return [h + o.tokens for h, o in zip(hist, outs)]
 
-    a = _median_run(lambda: _engine_run(make, reuse), repeats)
-    b = _median_run(lambda: _engine_run(make, recompute), repeats)
+    a = _median_run(lambda: _engine_run(make, reuse), iters)
+    b = _median_run(lambda: _engine_run(make, recompute), iters)
     return {
-        "shape": dict(preset=name, trajectories=trajectories, turns=turns, prompt_len=prompt_len,
+        "shape": dict(hidden=cfg.hidden_size, layers=cfg.num_layers, vocab=cfg.vocab_size, trajectories=trajectories, turns=turns, prompt_len=prompt_len,
                       turn_tokens=turn_tokens, tool_tokens=tool_tokens),
         "reuse_wall_s": a["wall_s"], "recompute_wall_s": b["wall_s"],
         "reuse_prefill_tokens": a["stats"]["prefill_tokens"], "recompute_prefill_tokens": b["stats"]["prefill_tokens"],
+        "reuse_prefill_s": a["stats"]["prefill_seconds"], "recompute_prefill_s": b["stats"]["prefill_seconds"],
+        "reuse_decode_s": a["stats"]["decode_seconds"], "recompute_decode_s": b["stats"]["decode_seconds"],
         "speedup": b["wall_s"] / a["wall_s"],
         "prefill_token_ratio": b["stats"]["prefill_tokens"] / a["stats"]["prefill_tokens"],
+        "prefill_time_ratio": b["stats"]["prefill_seconds"] / a["stats"]["prefill_seconds"],
         "same_trajectories": a["out"] == b["out"],
     }
 
 
-def continuous_vs_static(name: str = "bench-256", requests: int = 24, slots: int = 8, prompt_len: int = 32,
-                         short_tokens: int = 12, long_every: int = 8, long_factor: int = 10, repeats: int = 3) -> dict:
+def continuous_vs_static(cfg: Union[Qwen3Config, str] = "bench-256", requests: int = 24, slots: int = 8, prompt_len: int = 32,
+                         short_tokens: int = 12, long_every: int = 8, long_factor: int = 10, iters: int = 3) -> dict:
     """Every `long_every`-th request draws long_factor x more tokens. Continuous batching refills
     freed slots at once; a static batch of `slots` requests waits for its longest member."""
-    cfg, params = _model(name)
+    cfg, params = _model(cfg)
     prompts = _prompts(cfg, requests, prompt_len)
     budgets = [short_tokens * (long_factor if i % long_every == 0 else 1) for i in range(requests)]
     sps = [SamplingParams(temperature=0.0, max_new_tokens=n) for n in budgets]
     make = lambda: Engine(cfg, params, num_slots=slots, max_len=prompt_len + max(budgets), prefill_chunk=prompt_len,
                           max_prefill_rows=slots, length_buckets=(prompt_len,), row_buckets=(slots,))
-    cont = _median_run(lambda: _engine_run(make, lambda e: e.generate(prompts, sps)), repeats)
+    cont = _median_run(lambda: _engine_run(make, lambda e: e.generate(prompts, sps)), iters)
     static_work = lambda e: sum((e.generate(prompts[i:i + slots], sps[i:i + slots]) for i in range(0, requests, slots)), [])
-    stat = _median_run(lambda: _engine_run(make, static_work), repeats)
+    stat = _median_run(lambda: _engine_run(make, static_work), iters)
     total = sum(budgets)
     return {
-        "shape": dict(preset=name, requests=requests, slots=slots, short_tokens=short_tokens, long_factor=long_factor),
+        "shape": dict(hidden=cfg.hidden_size, layers=cfg.num_layers, vocab=cfg.vocab_size, requests=requests, slots=slots, short_tokens=short_tokens, long_factor=long_factor),
         "continuous_wall_s": cont["wall_s"], "static_wall_s": stat["wall_s"],
         "continuous_tokens_per_s": total / cont["wall_s"], "static_tokens_per_s": total / stat["wall_s"],
         "continuous_utilisation": cont["stats"]["utilisation"], "static_utilisation": stat["stats"]["utilisation"],
@@ -233,7 +239,12 @@ def continuous_vs_static(name: str = "bench-256", requests: int = 24, slots: int
     }
 
 
-def run_all(name: str = "bench-256", repeats: int = 3) -> dict:
-    return {"throughput": throughput(name, repeats=repeats), "roofline": roofline(name),
-            "decode_steps_sweep": decode_steps_sweep(name, repeats=repeats),
-            "multi_turn": multi_turn(name, repeats=repeats), "continuous_vs_static": continuous_vs_static(name, repeats=repeats)}
+def run(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prompt_len: int = 64, new_tokens: int = 64,
+        iters: int = 3, with_torch: bool = True) -> dict:
+    """All rollout figures (launch/bench.py --mode=rollout): throughput vs transformers, the
+    roofline, fused-step sweep, multi-turn reuse, continuous vs static batching."""
+    return {"throughput": throughput(cfg, batch, prompt_len, new_tokens, iters=iters, with_torch=with_torch),
+            "roofline": roofline(cfg, batch, prompt_len, new_tokens, iters=max(iters, 3)),
+            "decode_steps_sweep": decode_steps_sweep(cfg, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, iters=iters),
+            "multi_turn": multi_turn(cfg, iters=iters),
+            "continuous_vs_static": continuous_vs_static(cfg, iters=iters)}

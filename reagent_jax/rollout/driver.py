@@ -36,13 +36,14 @@ class Driver:
         self.cfg, self.mesh, self.rules = cfg, mesh, rules
         self.num_slots, self.max_len, self.prefill_chunk = num_slots, max_len, prefill_chunk
         self.max_prefill_rows = min(max_prefill_rows, num_slots)
-        self.length_buckets = tuple(sorted(length_buckets or kernels.power_of_two_buckets(min(16, prefill_chunk), prefill_chunk)))
-        self.row_buckets = tuple(sorted(row_buckets or kernels.power_of_two_buckets(1, self.max_prefill_rows)))
+        self.length_buckets = tuple(sorted(length_buckets or kernels.geometric_buckets(32, prefill_chunk, 4)))
+        self.row_buckets = tuple(sorted(row_buckets or kernels.geometric_buckets(1, self.max_prefill_rows, 2)))
         if self.length_buckets[-1] < prefill_chunk or self.row_buckets[-1] < self.max_prefill_rows:
             raise ValueError(f"Engine: largest length bucket {self.length_buckets[-1]} must be >= prefill_chunk="
                              f"{prefill_chunk} and largest row bucket {self.row_buckets[-1]} >= max_prefill_rows="
                              f"{self.max_prefill_rows}")
-        self.window_buckets = tuple(sorted({min(w, max_len) for w in (window_buckets or kernels.window_buckets(max_len))} | {max_len}))
+        windows = window_buckets or kernels.geometric_buckets(256, max_len, 4)
+        self.window_buckets = tuple(sorted({min(w, max_len) for w in windows} | {max_len}))
         self.decode_steps, self.max_stop_ids = decode_steps, max_stop_ids
         self.decode_fn = decode_fn
         self._param_sharding = (param_shardings(cfg, mesh, rules) if mesh is not None

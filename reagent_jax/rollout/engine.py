@@ -46,13 +46,19 @@ class Engine(Driver):
     """See the module docstring. All knobs are keyword arguments:
 
     num_slots: sequences decoded together (cache rows). max_len: cache length per slot (prompt +
-    all turns). prefill_chunk: most tokens of one sequence written per prefill call.
-    length_buckets / row_buckets: allowed prefill shapes (default powers of two from 16 up to
-    prefill_chunk, and from 1 up to max_prefill_rows). window_buckets: attention windows (default
-    256, 1024, 4096, ... up to max_len): kernels attend over the smallest window holding every
-    live position instead of the whole max_len. decode_steps: decode steps fused per
-    device call (stop tokens and budgets are checked on device; more steps = fewer host round
-    trips). decode_fn (or tokenizer with .decode): token ids -> text, needed for stop strings.
+    all turns). prefill_chunk: most tokens of one sequence written per prefill call;
+    max_prefill_rows: most sequences per prefill call. Compiled shapes come from three bucket
+    lists (defaults in brackets): length_buckets, the chunk lengths [32, 128, 512, ... x4 up to
+    prefill_chunk]; row_buckets, the prefill row counts [1, 2, 4, ... up to max_prefill_rows];
+    window_buckets, attention windows [256, 1024, ... x4 up to max_len]: a kernel attends over
+    the smallest window holding every live position, not the whole max_len. At most
+    |rows| x |lengths| x |windows| prefill and |windows| decode kernels compile
+    (stats()["kernel_shapes"] lists those used). decode_steps: decode steps fused per device
+    call (stop tokens and budgets are checked on device; more steps = fewer host round trips;
+    the call returns early when a slot frees up and requests are waiting). max_stop_ids: stop
+    ids checked on device per row (the host checks all). decode_fn (or tokenizer with .decode):
+    token ids -> text, needed for stop strings. seed: draws the seeds of requests without one.
+    cache_dtype: KV cache dtype (default the compute dtype).
     """
 
     def __init__(self, cfg: Qwen3Config, params, *, num_slots: int = 16, max_len: int = 2048,

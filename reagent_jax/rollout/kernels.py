@@ -31,25 +31,15 @@ from reagent_jax.rollout.sampling import sample
 CACHE_AXES = ("layers", "cache_batch", "cache_len", "kv_heads", "head_dim")
 
 
-def power_of_two_buckets(lo: int, hi: int) -> tuple[int, ...]:
-    """lo, 2lo, 4lo, ... capped by (and always including) hi."""
-    if lo < 1 or hi < lo:
-        raise ValueError(f"bucket range [{lo}, {hi}] is empty or non-positive")
+def geometric_buckets(lo: int, hi: int, factor: int = 2) -> tuple[int, ...]:
+    """lo, lo*factor, lo*factor^2, ... below hi, then hi itself (hi is always the last bucket)."""
+    if lo < 1 or hi < 1 or factor < 2:
+        raise ValueError(f"buckets need lo >= 1, hi >= 1, factor >= 2; got lo={lo} hi={hi} factor={factor}")
     out, b = [], lo
     while b < hi:
         out.append(b)
-        b *= 2
-    out.append(hi)
-    return tuple(out)
-
-
-def window_buckets(max_len: int, lo: int = 256, factor: int = 4) -> tuple[int, ...]:
-    """Attention windows lo, lo*factor, ... capped by (and always including) max_len."""
-    out, w = [], lo
-    while w < max_len:
-        out.append(w)
-        w *= factor
-    return tuple(out) + (max_len,)
+        b *= factor
+    return tuple(out) + (hi,)
 
 
 def bucket(n: int, buckets: Sequence[int]) -> int:
