@@ -4,6 +4,7 @@ r"""Throughput benchmarks; prints one JSON object and optionally writes it to --
   python launch/bench.py --mode=rollout --preset=bench-256 --batch=16 --prompt_len=64 --new_tokens=64
   python launch/bench.py --mode=train_step --preset=bench-256
   python launch/bench.py --mode=grpo_step --preset=bench-256
+  python launch/bench.py --mode=tools --workdir=runs/quickstart
 
 Figures are medians over --iters runs; ratios are against a baseline run in the same process.
 """
@@ -23,6 +24,8 @@ flags.DEFINE_integer("new_tokens", 64, "Generated tokens (rollout).")
 flags.DEFINE_integer("iters", 3, "Timed repetitions (median reported).")
 flags.DEFINE_bool("baseline", True, "Also run the transformers/torch baseline where the mode has one.")
 flags.DEFINE_string("json_out", None, "Write the JSON result here too.")
+flags.DEFINE_string("workdir", None, "tools mode: a finished quickstart workdir (its SFT policy drives the "
+                    "tool-latency overlap benchmark).")
 
 
 def main(argv):
@@ -44,7 +47,7 @@ def main(argv):
         result = bench.run_grpo_step(cfg, iters=FLAGS.iters)
     else:
         from reagent_jax.agent import bench
-        result = bench.run(iters=FLAGS.iters)
+        result = bench.run(iters=FLAGS.iters, workdir=FLAGS.workdir)
     result = {"mode": FLAGS.mode, "preset": FLAGS.preset, **result}
     text = json.dumps(result, indent=2, sort_keys=True)
     print(text)
