@@ -24,31 +24,33 @@ def get_config() -> ml_collections.ConfigDict:
 
     # Task: the synthetic world (see reagent_jax/evalplanner/synthetic.py).
     c.world = ml_collections.ConfigDict(dict(seed=0, n_entities=40, n_questions=400, heldout_fraction=0.2,
-                                             level_weights=(0.4, 0.6, 0.0)))
+                                             level_weights=(0.5, 0.5, 0.0)))
     c.data = ml_collections.ConfigDict(dict(
         source="synthetic",       # synthetic | jsonl (train_paths, eval_paths) | math (math_path, eval_paths)
         response_kind="answer",   # answer | trajectory (synthetic only)
         flaws="",                 # comma-separated subset of the flaws ("" = all)
         train_paths="", eval_paths="", math_path="", math_samples=8,
-        num_seed=96, num_per_round=32, num_eval=40))
+        num_seed=96, num_per_round=16, num_eval=24))
     c.tokenizer = ml_collections.ConfigDict(dict(kind="compact", vocab_size=1024, path=""))
     c.model = ml_collections.ConfigDict(dict(
-        init_from="", hidden_size=96, intermediate_size=256, num_layers=3, num_heads=4, num_kv_heads=2,
-        head_dim=24, rope_theta=10000.0, param_dtype="float32", compute_dtype="float32", remat_policy="none"))
+        init_from="", hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4, num_kv_heads=2,
+        head_dim=16, rope_theta=10000.0, param_dtype="float32", compute_dtype="float32", remat_policy="none"))
 
     c.judge = ml_collections.ConfigDict(dict(format="plan_execute", temperature=0.8, top_p=0.95,
-                                             max_plan_tokens=96, max_execution_tokens=128, enable_thinking=False))
+                                             max_plan_tokens=64, max_execution_tokens=80, enable_thinking=False))
     # Chains per instruction: num_plans x num_executions x 2 orders (paper: 5 x 8); source "model"
     # samples them with the judge being trained, "teacher" with the scripted judge.
     c.chains = ml_collections.ConfigDict(dict(source="model", num_plans=2, num_executions=4, pairing="one_to_one"))
 
-    c.seed_judge = ml_collections.ConfigDict(dict(teacher_error_rate=0.3, steps=150, batch_size=16, micro_batches=1,
-                                                  learning_rate=3e-3, warmup_steps=10, max_len=640))
-    c.sft = ml_collections.ConfigDict(dict(steps=40, batch_size=16, micro_batches=1, learning_rate=1e-3,
-                                           warmup_steps=4, max_len=640))
-    c.dpo = ml_collections.ConfigDict(dict(rounds=2, steps=30, batch_size=8, micro_batches=1, learning_rate=5e-4,
-                                           warmup_steps=3, beta=0.1, loss_type="sigmoid", label_smoothing=0.0,
-                                           nll_coef=0.0, max_len=640))
+    # formats: the seed judge learns each listed format (one seed for the plan / no-plan ablation).
+    c.seed_judge = ml_collections.ConfigDict(dict(teacher_error_rate=0.3, formats="plan_execute,verdict_only",
+                                                  steps=100, batch_size=8, micro_batches=1, learning_rate=3e-3,
+                                                  warmup_steps=10, max_len=576))
+    c.sft = ml_collections.ConfigDict(dict(steps=16, batch_size=8, micro_batches=1, learning_rate=1e-3,
+                                           warmup_steps=2, max_len=576))
+    c.dpo = ml_collections.ConfigDict(dict(rounds=2, steps=16, batch_size=4, micro_batches=1, learning_rate=5e-4,
+                                           warmup_steps=2, beta=0.1, loss_type="sigmoid", label_smoothing=0.0,
+                                           nll_coef=0.0, max_len=576))
     c.rollout = ml_collections.ConfigDict(dict(num_slots=64, max_len=640, prefill_chunk=512, decode_steps=16))
     c.eval = ml_collections.ConfigDict(dict(both_orders=True))
     c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))

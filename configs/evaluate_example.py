@@ -54,7 +54,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.agent = ml_collections.ConfigDict(dict(max_turns=30, max_tokens_per_turn=2048, temperature=0.7, top_p=0.95,
                                              include_tool_schemas=True, system_prompt="", final_step_message=""))
-    c.rollout = ml_collections.ConfigDict(dict(num_slots=64, max_len=32768, prefill_chunk=1024, decode_steps=8))
+    # Bucket lists (comma-separated ints, "" = engine defaults) fix the kernel shapes: fewer compilations.
+    c.rollout = ml_collections.ConfigDict(dict(num_slots=64, max_len=32768, prefill_chunk=1024, decode_steps=8,
+                                               length_buckets="", row_buckets="", window_buckets=""))
 
     # method: rule (EM / F1 / math equivalence) or llm (a judge with the rule as fallback).
     c.scoring = ml_collections.ConfigDict(dict(method="rule", correct_threshold=1.0, judge=_judge(1024)))

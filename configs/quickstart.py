@@ -39,10 +39,10 @@ def get_config() -> ml_collections.ConfigDict:
         micro_batches=2, drop_equal_reward_groups=True, mask_overlong=False, max_grad_norm=1.0))
     # Agent-RRM (used when strategy != grpo). judge: rule (the synthetic world's annotator),
     # local (a tiny RRM trained by the rrm_sft / rrm_grpo stages), remote (OpenAI-compatible).
-    c.rrm = ml_collections.ConfigDict(dict(judge="rule", lam=0.3, refine_below=1.0, max_len=1024,
+    c.rrm = ml_collections.ConfigDict(dict(judge="rule", lam=0.3, refine_below=1.0, max_len=1536,
                                            max_new_tokens=160, base_urls="", model=""))
     c.rrm_sft = ml_collections.ConfigDict(dict(steps=200, batch_size=8, micro_batches=1, learning_rate=3e-3,
-                                               warmup_steps=20, max_len=1024))
+                                               warmup_steps=20, max_len=1536))
     c.rrm_grpo = ml_collections.ConfigDict(dict(
         steps=10, questions_per_step=8, n=4, learning_rate=2e-4, warmup_steps=0, beta=0.0, kl_kind="k3",
         eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo", loss_agg_mode="token-mean",
@@ -50,5 +50,4 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.eval = ml_collections.ConfigDict(dict(num_questions=80, max_turns=6, greedy=True, refinement=False))
     c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
-    c.log_every = 10
     return c

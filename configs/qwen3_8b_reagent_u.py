@@ -6,7 +6,8 @@ r"""Paper scale: Reagent-U on Qwen3-8B, one 8-GPU node (8xA800/H100/H200), the p
       --config.rrm.base_urls=http://rrm-host:8000/v1 --config.rrm.model=agent-rrm
 
 Batch 32 questions x n=8, temperature 0.7, top-p 0.95, 13 agent turns (30 at evaluation), lr 5e-7,
-300 steps; the Agent-RRM judge is served separately (launch/serve.py) and reached as a remote
+300 steps; 64 cache slots x 16k tokens (~19 GB of bf16 KV cache per GPU next to the sharded
+model); the Agent-RRM judge is served separately (launch/serve.py) and reached as a remote
 judge. Not run in CI; `tests/test_configs.py` builds it and resolves its shardings with
 `jax.eval_shape` on 8 simulated devices.
 """
@@ -38,7 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
         remat_policy="dots_with_no_batch_dims_saveable"))
     c.agent = ml_collections.ConfigDict(dict(max_turns=13, max_tokens_per_turn=2048, temperature=0.7, top_p=0.95,
                                              include_tool_schemas=True, tools="search,browse,python"))
-    c.rollout = ml_collections.ConfigDict(dict(num_slots=256, max_len=16384, prefill_chunk=2048, decode_steps=16))
+    c.rollout = ml_collections.ConfigDict(dict(num_slots=64, max_len=16384, prefill_chunk=2048, decode_steps=16))
     c.grpo = ml_collections.ConfigDict(dict(
         steps=300, questions_per_step=32, n=8, learning_rate=5e-7, warmup_steps=0, beta=0.0, kl_kind="k3",
         eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo", loss_agg_mode="token-mean",

@@ -49,7 +49,10 @@ def load_params(directory: str, mesh: Optional[Mesh] = None, **config_overrides)
     shapes = param_shapes(cfg)
     if mesh is not None:
         shardings = param_shardings(cfg, mesh)
-        shapes = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+    else:  # explicit: a checkpoint written on a mesh must still load on one device
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        shardings = jax.tree.map(lambda _: one, shapes)
+    shapes = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
     params = ocp.StandardCheckpointer().restore(os.path.join(directory, "params"), shapes)
     return cfg, params
 

@@ -31,7 +31,21 @@ from reagent_jax.evalplanner.prompts import (
     verdict_only_messages,
 )
 
-__all__ = [
+_LAZY = {  # engine-backed parts load on first use (they import jax and the rollout engine)
+    "EngineJudge": "judge", "JudgeConfig": "judge", "Chain": "judge", "PairItem": "judge",
+    "Triple": "pairs", "sample_chains": "pairs", "build_preference_data": "pairs",
+    "evaluate_pairs": "evaluate", "PairwiseJudgeReward": "reward",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f"reagent_jax.evalplanner.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'reagent_jax.evalplanner' has no attribute {name!r}")
+
+
+__all__ = [*_LAZY,
     "EXEC_END", "EXEC_START", "FINAL_VERDICT", "PLAN_END", "PLAN_START", "VERDICTS", "Evaluation", "VerdictStatus",
     "execution_messages", "format_execution_output", "format_judge_output", "judge_messages", "pairwise_accuracy",
     "parse_evaluation", "parse_plan", "plan_messages", "position_consistent_accuracy", "strip_thinking",

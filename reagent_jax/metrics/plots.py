@@ -12,7 +12,8 @@ from typing import Optional, Sequence
 
 from reagent_jax.metrics.writer import read_metrics
 
-DEFAULT_KEYS = ("critic/score/mean", "val/accuracy", "actor/pg_loss", "response_length/mean")
+DEFAULT_KEYS = ("critic/score/mean", "val/accuracy", "actor/pg_loss", "response_length/mean", "sft/nll",
+                "dpo/loss", "rewards/accuracies")
 
 TITLES = {
     "critic/score/mean": "Mean reward",

@@ -1,0 +1,145 @@
+"""Judge chains -> token rows, and the DPO stage on the shared train step.
+
+Rows are rendered from the chains' text with the Qwen3 chat template (`mode="train"`), the way
+TRL builds SFT / DPO data: loss only on the judge's answer. Per format (see `evalplanner.judge`):
+
+  plan_execute   SFT: two rows per chain, plan prompt -> plan and execution prompt -> output.
+                 DPO: the execution prompt (it contains the shared plan) -> chosen / rejected output.
+  single_pass    one row: judge prompt -> output (plan, execution and verdict in one answer).
+                 DPO pairs share the plan prefix, so only the executions differ.
+  verdict_only   one row: verdict-only prompt -> bare verdict.
+
+DPO uses precomputed reference logprobs: `reference_logps` runs the frozen start params once over
+every pair before training (the paper's reference is the stage's initial model), so only one model
+is in memory during the update. Sequences of chosen and rejected go through one forward pass as
+[P, 2, T] (`rl.objectives.DPOObjective`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import types
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from reagent_jax import chat
+from reagent_jax.evalplanner import prompts as P
+from reagent_jax.evalplanner.judge import PairItem, final_messages
+from reagent_jax.rl.objectives import DPOObjective, sequence_logps
+from reagent_jax.rl.train_step import OptimizerConfig
+from reagent_jax.trainers.batching import default_buckets, pad_rows
+from reagent_jax.trainers.sft import batch_indices
+from reagent_jax.trainers.stage import StageRunner
+
+log = logging.getLogger(__name__)
+
+
+def _row(tok, messages, answer: str, enable_thinking: bool) -> dict[str, list[int]]:
+    r = chat.render(tok, list(messages) + [{"role": "assistant", "content": answer}], mode="train",
+                    enable_thinking=enable_thinking)
+    return {"tokens": list(r.ids), "loss_mask": list(r.loss_mask)}
+
+
+def _item(rec: Mapping[str, Any]) -> PairItem:
+    return PairItem(rec["instruction"], rec["response_a"], rec["response_b"])
+
+
+def sft_rows(tok, records: Sequence[Mapping[str, Any]], fmt: str, *, enable_thinking: bool = False,
+             max_len: int | None = None) -> list[dict]:
+    """SFT rows of chain records {"instruction", "response_a", "response_b", "plan", "output"}."""
+    rows, dropped = [], 0
+    for rec in records:
+        item = _item(rec)
+        new = [_row(tok, final_messages(fmt, item, rec["plan"]), rec["output"], enable_thinking)]
+        if fmt == "plan_execute":
+            new.insert(0, _row(tok, P.plan_messages(item.instruction), rec["plan"], enable_thinking))
+        for r in new:
+            if max_len is not None and len(r["tokens"]) > max_len:
+                dropped += 1
+            else:
+                rows.append(r)
+    if dropped:
+        log.warning("judge SFT: dropped %d rows longer than max_len=%s", dropped, max_len)
+    return rows
+
+
+def dpo_rows(tok, pairs: Sequence[Mapping[str, Any]], fmt: str, *, enable_thinking: bool = False,
+             max_len: int | None = None) -> list[dict]:
+    """[{"chosen": row, "rejected": row}] from pair records (see `pairs.build_preference_data`)."""
+    out, dropped = [], 0
+    for rec in pairs:
+        msgs = final_messages(fmt, _item(rec), rec["plan"])
+        c, r = _row(tok, msgs, rec["chosen"], enable_thinking), _row(tok, msgs, rec["rejected"], enable_thinking)
+        if max_len is not None and max(len(c["tokens"]), len(r["tokens"])) > max_len:
+            dropped += 1
+            continue
+        out.append({"chosen": c, "rejected": r})
+    if dropped:
+        log.warning("judge DPO: dropped %d of %d pairs longer than max_len=%s", dropped, len(pairs), max_len)
+    return out
+
+
+def _pair_batch(pairs: Sequence[dict], batch_pairs: int, buckets, max_len: int) -> dict:
+    """[P, 2, T] arrays (chosen at index 0) with pair_mask; missing pairs are zero padding."""
+    flat = [x for p in pairs for x in (p["chosen"], p["rejected"])]
+    b = pad_rows(flat, buckets=buckets, batch_size=2 * batch_pairs, max_len=max_len)
+    t = b["tokens"].shape[1]
+    out = {k: b[k].reshape(batch_pairs, 2, t) for k in ("tokens", "attention_mask", "loss_mask")}
+    out["pair_mask"] = b["row_mask"][0::2].astype(np.float32)
+    return out
+
+
+def reference_logps(model_cfg, params, pairs: Sequence[dict], *, batch_pairs: int, max_len: int) -> np.ndarray:
+    """[N, 2] summed logprobs of chosen / rejected answers under `params` (the frozen reference)."""
+    buckets = default_buckets(max_len)
+    fn = jax.jit(lambda p, tokens, am, lm: sequence_logps(model_cfg, p, tokens, am, lm))
+    out = np.zeros((len(pairs), 2), np.float32)
+    for s in range(0, len(pairs), batch_pairs):
+        chunk = pairs[s:s + batch_pairs]
+        b = _pair_batch(chunk, batch_pairs, buckets, max_len)
+        t = b["tokens"].shape[-1]
+        lp = fn(params, b["tokens"].reshape(-1, t), b["attention_mask"].reshape(-1, t), b["loss_mask"].reshape(-1, t))
+        out[s:s + len(chunk)] = np.asarray(lp).reshape(-1, 2)[:len(chunk)]
+    return out
+
+
+def run_dpo(ctx, model_cfg, params, pairs: Sequence[dict], dpo_cfg, stage: str, seed: int = 0):
+    """Trains `dpo_cfg.steps` steps of DPO from `params` (also the reference); returns the final
+    params (saved under <stage>/final). Reference logprobs are cached in <stage>/ref_logps.npy."""
+    if not pairs:
+        raise ValueError(f"{stage}: no DPO pairs (every group was all-correct or all-wrong, or all were dropped)")
+    bsz = int(dpo_cfg.batch_size)
+    path = os.path.join(ctx.stage_dir(stage), "ref_logps.npy")
+    ref = np.load(path) if os.path.exists(path) else None
+    if ref is None or ref.shape != (len(pairs), 2):
+        ref = reference_logps(model_cfg, params, pairs, batch_pairs=bsz, max_len=dpo_cfg.max_len)
+        np.save(path, ref)
+    opt = OptimizerConfig(learning_rate=dpo_cfg.learning_rate, warmup_steps=dpo_cfg.warmup_steps, decay="cosine",
+                          total_steps=dpo_cfg.steps, max_grad_norm=1.0)
+    objective = DPOObjective(model_cfg, loss_type=dpo_cfg.loss_type, beta=dpo_cfg.beta,
+                             label_smoothing=dpo_cfg.label_smoothing, nll_coef=dpo_cfg.nll_coef)
+    runner = StageRunner(ctx, stage, model_cfg, params, objective, opt, total_steps=dpo_cfg.steps,
+                         micro_batches=dpo_cfg.micro_batches, checkpoint_every=ctx.config.checkpoint.every,
+                         keep=ctx.config.checkpoint.keep, progress_keys=["dpo/loss", "rewards/accuracies"])
+    buckets = default_buckets(dpo_cfg.max_len)
+
+    def batch_fn(step, _params):
+        idx = batch_indices(len(pairs), bsz, step, seed)
+        batch = _pair_batch([pairs[i] for i in idx], bsz, buckets, dpo_cfg.max_len)
+        batch["ref_logps"] = np.zeros((bsz, 2), np.float32)
+        batch["ref_logps"][:len(idx)] = ref[idx]
+        return batch, {"dpo/pairs_in_batch": len(idx)}
+
+    return runner.run(batch_fn)
+
+
+def fit_batch(cfg, n_rows: int):
+    """A copy of an SFT / DPO config whose batch size does not exceed the data (tiny runs)."""
+    d = dict(cfg.items()) if hasattr(cfg, "items") else dict(vars(cfg))
+    d["batch_size"] = max(1, min(int(d["batch_size"]), n_rows))
+    mb = int(d.get("micro_batches", 1))
+    if d["batch_size"] % mb:
+        d["micro_batches"] = 1
+    return types.SimpleNamespace(**d)
