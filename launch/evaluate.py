@@ -1,0 +1,39 @@
+r"""Benchmark evaluation entry point (absl flags + ml_collections config).
+
+  python launch/evaluate.py --config=configs/evaluate_example.py --outdir=/tmp/eval \
+      --config.policy.path=/tmp/quickstart/grpo/final --config.benchmarks=bamboogle,gsm8k_full \
+      --config.limit=50 --config.k=4
+
+Writes results.jsonl (trajectories with tool calls and scores; a rerun skips what is there),
+summary.json, results.md and one <benchmark>.png per benchmark to --outdir, and prints the table.
+See configs/evaluate_example.py for every option (tool sets, LLM judge, Reagent-C). One host:
+the policy may span all of its devices (--config.mesh); the agent loop and tools run on its CPU.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from absl import app, flags
+from ml_collections import config_flags
+
+FLAGS = flags.FLAGS
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                               "evaluate_example.py")
+config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Path to an ml_collections config file.", lock_config=True)
+flags.DEFINE_string("outdir", None, "Output directory (results.jsonl, summary.json, results.md, charts).")
+flags.mark_flags_as_required(["outdir"])
+
+
+def main(argv):
+    del argv
+    logging.getLogger().setLevel(logging.INFO)
+    from reagent_jax.eval import from_config
+    out = from_config.run(FLAGS.config, FLAGS.outdir)
+    with open(out["paths"]["table"]) as f:
+        print("\n" + f.read())
+    print(f"wall time: {out['wall_s']:.1f} s   outputs: {FLAGS.outdir}")
+
+
+if __name__ == "__main__":
+    app.run(main)
