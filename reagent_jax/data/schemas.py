@@ -134,7 +134,7 @@ def _tool_call(call: Any) -> dict:
 
 
 def messages(value: Any) -> list[dict]:
-    """OpenAI-style chat messages (see HELPERS_CONTEXT); tool-call arguments become dicts."""
+    """OpenAI-style chat messages; tool-call arguments become dicts."""
     if not isinstance(value, list) or not value:
         raise RowError("expected a non-empty list of messages" if isinstance(value, list)
                        else f"expected a list of messages, got {_type_name(value)}")

@@ -182,6 +182,12 @@ def eval_wall_time(benchmark: str = "hotpotqa", questions: int = 100, k: int = 1
         registry = tools_lib.build_registry({"search": {"backend": "local", "corpus": corpus}},
                                             names=["search", "browse"])
         registry.call("search", {"query": "warm up the index"})  # build the BM25 index outside the timing
+        from reagent_jax.data import load_benchmark
+        queries = [r["question"][:200] for r in load_benchmark(benchmark, limit=questions)]
+        t0 = time.perf_counter()
+        hits = registry.call_many([("search", {"query": q}) for q in queries], max_workers=1)
+        search_ms = 1e3 * (time.perf_counter() - t0) / len(queries)
+        search_ok = sum(h.ok for h in hits) / len(hits)
         engine = Engine(cfg, params, num_slots=num_slots, max_len=max_len, prefill_chunk=512, tokenizer=tok, seed=seed)
         engine.start_background()
         agent = AgentConfig(max_turns=max_turns, max_tokens_per_turn=max_tokens_per_turn, temperature=1.0, seed=seed,
@@ -219,5 +225,6 @@ def eval_wall_time(benchmark: str = "hotpotqa", questions: int = 100, k: int = 1
             "prefill_calls", "prefill_tokens", "prefill_padded_tokens", "prefill_seconds", "decode_calls",
             "decode_steps", "decode_seconds")},
         "tool_seconds_per_episode": s.get("tool_seconds"),
+        "search_ms_per_call": search_ms, "search_ok_fraction": search_ok,  # the questions as queries, one at a time
         "avg@k": s["avg@k"],
     }
