@@ -5,6 +5,8 @@ r"""Throughput benchmarks; prints one JSON object and optionally writes it to --
   python launch/bench.py --mode=train_step --preset=bench-256
   python launch/bench.py --mode=grpo_step --preset=bench-256
   python launch/bench.py --mode=tools --workdir=runs/quickstart
+  python launch/bench.py --mode=serve --preset=bench-256 --clients=64 --iters=5
+  python launch/bench.py --mode=eval
 
 Figures are medians over --iters runs; ratios are against a baseline run in the same process.
 """
@@ -15,7 +17,10 @@ import json
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("mode", "forward", ["forward", "rollout", "train_step", "grpo_step", "tools"], "What to measure.")
+flags.DEFINE_enum("mode", "forward", ["forward", "rollout", "train_step", "grpo_step", "tools", "serve", "eval"],
+                  "What to measure.")
+flags.DEFINE_integer("clients", 64, "serve mode: concurrent clients.")
+flags.DEFINE_bool("stream", False, "serve mode: stream responses (server-sent events).")
 flags.DEFINE_string("preset", "bench-512", "Model shape preset (reagent_jax.models.preset_names()).")
 flags.DEFINE_integer("batch", 4, "Batch size.")
 flags.DEFINE_integer("seq_len", 512, "Sequence length (forward / train_step).")
@@ -45,6 +50,13 @@ def main(argv):
     elif FLAGS.mode == "grpo_step":
         from reagent_jax.trainers import bench
         result = bench.run_grpo_step(cfg, iters=FLAGS.iters)
+    elif FLAGS.mode == "serve":
+        from reagent_jax.serve import bench
+        result = bench.server_under_load(FLAGS.preset, clients=FLAGS.clients, prompt_len=FLAGS.prompt_len,
+                                         new_tokens=FLAGS.new_tokens, stream=FLAGS.stream, repeats=FLAGS.iters)
+    elif FLAGS.mode == "eval":
+        from reagent_jax.serve import bench
+        result = bench.eval_wall_time()
     else:
         from reagent_jax.agent import bench
         result = bench.run(iters=FLAGS.iters, workdir=FLAGS.workdir)
