@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from reagent_jax import rewards as rewards_lib
+from reagent_jax.eval.agent_eval import score_trajectory
 from reagent_jax.models.functional import token_logprobs
 from reagent_jax.rl.advantages import get_advantage_fn
 from reagent_jax.rl.objectives import GRPOObjective
@@ -28,10 +28,7 @@ from reagent_jax.trainers.stage import StageRunner
 log = logging.getLogger(__name__)
 
 
-def rule_reward(traj) -> float:
-    q = traj.question
-    answers = q["answer"] if isinstance(q["answer"], (list, tuple)) else [q["answer"]]
-    return float(rewards_lib.score_answer(traj.final_text, list(answers), q.get("data_source")))
+rule_reward = score_trajectory  # R_rule of one episode: the same scoring the evaluation uses
 
 
 def rollout_metrics(trajs, scores) -> dict:
