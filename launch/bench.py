@@ -21,6 +21,7 @@ flags.DEFINE_enum("mode", "forward", ["forward", "rollout", "train_step", "grpo_
                   "What to measure.")
 flags.DEFINE_integer("clients", 64, "serve mode: concurrent clients.")
 flags.DEFINE_bool("stream", False, "serve mode: stream responses (server-sent events).")
+flags.DEFINE_integer("vocab_size", 0, "serve mode: override the preset's vocabulary size (0: keep it).")
 flags.DEFINE_string("preset", "bench-512", "Model shape preset (reagent_jax.models.preset_names()).")
 flags.DEFINE_integer("batch", 4, "Batch size.")
 flags.DEFINE_integer("seq_len", 512, "Sequence length (forward / train_step).")
@@ -53,7 +54,8 @@ def main(argv):
     elif FLAGS.mode == "serve":
         from reagent_jax.serve import bench
         result = bench.server_under_load(FLAGS.preset, clients=FLAGS.clients, prompt_len=FLAGS.prompt_len,
-                                         new_tokens=FLAGS.new_tokens, stream=FLAGS.stream, repeats=FLAGS.iters)
+                                         new_tokens=FLAGS.new_tokens, stream=FLAGS.stream, repeats=FLAGS.iters,
+                                         **({"vocab_size": FLAGS.vocab_size} if FLAGS.vocab_size else {}))
     elif FLAGS.mode == "eval":
         from reagent_jax.serve import bench
         result = bench.eval_wall_time()
