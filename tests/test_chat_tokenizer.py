@@ -194,3 +194,20 @@ def test_compact_rejects_bad_input():
         chat.build_compact_tokenizer("abc")
     with pytest.raises(TypeError, match=r"texts\[1\]"):
         chat.build_compact_tokenizer(["abc", 3])
+
+
+def test_compact_max_digits_keeps_numbers_whole_and_round_trips(tmp_path):
+    texts = ["The population of Varel is 452. The founding year of Varel is 1302."] * 20 + ["print(452 + 1302)"] * 5
+    tok = chat.build_compact_tokenizer(texts, vocab_size=400, max_digits=4)
+    pieces = [tok.decode([i]) for i in tok.encode("Varel is 452 and 1302.", add_special_tokens=False)]
+    assert " 452" in pieces and " 1302" in pieces
+    single = chat.build_compact_tokenizer(texts, vocab_size=400)  # Qwen3's split: one digit per token
+    assert all(len(p.strip()) <= 1 for p in map(lambda i: single.decode([i]),
+                                                  single.encode("452 1302", add_special_tokens=False)) if p.strip().isdigit())
+    tok.save_pretrained(tmp_path)
+    again = chat.load_tokenizer(tmp_path)
+    for text in ROUND_TRIP_SAMPLES + ["123456789 0.5 -42 x1y22"]:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert again.encode(text, add_special_tokens=False) == ids and tok.decode(ids) == text
+    with pytest.raises(ValueError, match="max_digits"):
+        chat.build_compact_tokenizer(texts, vocab_size=400, max_digits=0)

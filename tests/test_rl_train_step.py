@@ -100,6 +100,27 @@ def test_sft_steps_reduce_the_loss():
     assert losses[-1] < losses[0] - 0.5
 
 
+def test_sft_context_weight_matches_numpy_and_accumulates():
+    """loss = NLL(assistant tokens) + w * NLL(other real tokens), each a token mean; same with 2 micro-batches."""
+    batch = grpo_batch(seed=4)
+    obj = objectives.SFTObjective(CFG, context_weight=0.5)
+    params = models.init_params(CFG, jax.random.PRNGKey(2))
+    loss, metrics = obj.loss(params, batch, obj.counts(batch))
+    logits = np.asarray(models.forward(CFG, params, batch["tokens"], batch["attention_mask"]), np.float64)
+    logp_all = logits - logits.max(-1, keepdims=True)
+    logp_all -= np.log(np.exp(logp_all).sum(-1, keepdims=True))
+    lp = np.take_along_axis(logp_all[:, :-1], batch["tokens"][:, 1:, None], -1)[..., 0]  # scores tokens[1:]
+    lm = batch["loss_mask"][:, 1:].astype(bool)
+    cm = batch["attention_mask"][:, 1:].astype(bool) & ~lm
+    ref = -lp[lm].mean() - 0.5 * lp[cm].mean()
+    np.testing.assert_allclose(float(loss), ref, rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["sft/context_nll"]), -lp[cm].mean(), rtol=1e-5)
+    s1, m1 = run_steps(obj, batch, 1)
+    s2, m2 = run_steps(obj, batch, 2)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), s1.params, s2.params)
+    np.testing.assert_allclose(m1["train/loss"], m2["train/loss"], rtol=1e-5)
+
+
 def test_one_step_on_8_devices_equals_single_device():
     """GRPO (fsdp 4 x tensor 2) and DPO (data 2 x fsdp 2 x tensor 2): params within 1e-5."""
     code = """

@@ -175,3 +175,28 @@ def test_bad_config_is_rejected_clearly():
         envs.make_world(n_entities=3, n_questions=50, level_weights=(1.0, 0.0, 0.0))
     with pytest.raises(ValueError, match="not a synthetic-world question record"):
         envs.Question.from_record({"id": "x", "question": "q"})
+
+
+class _CountingRegistry:
+    """A python tool that answers like the sandbox (or wrongly), counting its calls."""
+
+    def __init__(self, wrong: bool = False):
+        self.calls, self.wrong = 0, wrong
+
+    def call(self, name, args):
+        self.calls += 1
+        text = envs.run_python(args["code"]) + ("0" if self.wrong else "")
+        return type("Result", (), {"text": text})()
+
+
+def test_registry_tools_verify_python_then_take_the_fast_path():
+    reg = _CountingRegistry()
+    tools = envs.RegistryTools(reg, verify_python=3)
+    assert [tools.python(f"print({i} + 1)") for i in range(6)] == [str(i + 1) for i in range(6)]
+    assert reg.calls == 3  # only the verified calls reached the tool
+    always = _CountingRegistry()
+    envs.RegistryTools(always, verify_python=None).python("print(2)")
+    envs.RegistryTools(always, verify_python=None).python("print(3)")
+    assert always.calls == 2
+    with pytest.raises(RuntimeError, match="verify_python=None"):
+        envs.RegistryTools(_CountingRegistry(wrong=True)).python("print(1 + 1)")

@@ -22,12 +22,14 @@ MIN_COMPACT_VOCAB = len(vocab.QWEN3_ADDED_TOKENS) + len(_BYTE_ALPHABET)  # 282: 
 
 
 def build_compact_tokenizer(texts: Iterable[str], vocab_size: int = 1024,
-                            min_frequency: int = 2) -> PreTrainedTokenizerFast:
+                            min_frequency: int = 2, max_digits: int = 1) -> PreTrainedTokenizerFast:
     """Train byte-level BPE on `texts`; ids 0..25 are the Qwen3 control tokens, in Qwen3's order.
 
     `vocab_size` counts everything (control tokens + 256 bytes + merges); the result may be
     smaller when the texts do not support that many merges of `min_frequency` occurrences.
-    Deterministic for the same texts and settings.
+    Deterministic for the same texts and settings. `max_digits` > 1 lets a number of up to that
+    many digits become one token (Qwen3 splits digits one by one): a tiny model copies a value
+    from a tool response into its answer far more reliably as one token than as four.
     """
     if isinstance(texts, str):
         raise TypeError("build_compact_tokenizer: texts must be an iterable of strings, "
@@ -42,7 +44,7 @@ def build_compact_tokenizer(texts: Iterable[str], vocab_size: int = 1024,
                          f"{MIN_COMPACT_VOCAB} (26 control tokens + 256 byte tokens)")
     control = [t for t, _, _ in vocab.QWEN3_ADDED_TOKENS]
     tk = Tokenizer(BPE(fuse_unk=False, byte_fallback=False))
-    vocab.set_qwen2_byte_level_pipeline(tk)
+    vocab.set_qwen2_byte_level_pipeline(tk, max_digits)
     # Control tokens are registered before training so the trainer never merges across them
     # and so they take ids 0..25.
     vocab.add_qwen3_added_tokens(tk)

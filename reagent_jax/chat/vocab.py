@@ -63,11 +63,21 @@ CHAT_CONTROL_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>", "<to
                        "</tool_call>", "<tool_response>", "</tool_response>")
 
 
-def set_qwen2_byte_level_pipeline(tk: Tokenizer) -> None:
-    """NFC, Qwen2 regex split, byte-level mapping; decoding reverses the byte mapping."""
+def pretokenize_regex(max_digits: int = 1) -> str:
+    """Qwen2's split; with max_digits > 1 a number (with its leading space) of up to that many
+    digits is one piece, so BPE can learn whole numbers as single tokens."""
+    if max_digits == 1:
+        return QWEN2_PRETOKENIZE_REGEX
+    if max_digits < 1:
+        raise ValueError(f"max_digits must be >= 1, got {max_digits}")
+    return QWEN2_PRETOKENIZE_REGEX.replace(r"|\p{N}|", r"| ?\p{N}{1,%d}|" % max_digits, 1)
+
+
+def set_qwen2_byte_level_pipeline(tk: Tokenizer, max_digits: int = 1) -> None:
+    """NFC, Qwen2 regex split (see `pretokenize_regex`), byte-level mapping; decoding reverses it."""
     tk.normalizer = normalizers.NFC()
     tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(pretokenize_regex(max_digits)), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
     tk.decoder = decoders.ByteLevel()

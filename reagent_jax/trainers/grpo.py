@@ -68,6 +68,14 @@ def build_rows(trajs, advantages, keep, mask_overlong: bool) -> list[dict]:
     return rows
 
 
+def row_bucket(n: int, micro_batches: int, cap: int) -> int:
+    """Smallest power-of-two multiple of micro_batches >= n (<= cap): few compiled batch shapes."""
+    b = micro_batches
+    while b < n:
+        b *= 2
+    return min(b, cap)
+
+
 def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strategy=None, stage: str = "grpo",
              seed: int = 0, temperature: float = 1.0, max_len: int = 1024, rows_per_step: Optional[int] = None):
     """GRPO for gcfg.steps steps over `records`; `loop` is an AgentLoop on a running engine."""
@@ -110,7 +118,10 @@ def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strateg
         if not rows:
             return None, m
         rows = rows[:n_rows]
-        batch = pad_rows(rows, buckets=buckets, batch_size=n_rows, max_len=max_len)
+        # Only kept rows are computed: the batch is padded to the next of a few row counts
+        # (powers of two x micro_batches, capped at n_rows), not to the whole step's rollouts.
+        batch = pad_rows(rows, buckets=buckets, batch_size=row_bucket(len(rows), gcfg.micro_batches, n_rows),
+                         max_len=max_len)
         batch.pop("row_mask")
         if gcfg.beta:
             t1 = time.perf_counter()

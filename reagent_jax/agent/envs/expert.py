@@ -24,6 +24,7 @@ import dataclasses
 import io
 import json
 import random
+import threading
 from typing import Any, Callable, Sequence
 
 from reagent_jax.agent.envs.synthetic import SMALL_ATTRIBUTE_MAX, Question, SyntheticWorld, apply_ops, expression
@@ -183,19 +184,27 @@ def _trajectory(
     messages.append({"role": "user", "content": q.question})
 
     bad_term = rng.randrange(len(q.terms)) if flaw in ("skipped_lookup", "misread_value", "malformed_tool_call") else None
+    if flaw == "malformed_tool_call":
+        term = q.terms[bad_term]
+        args = {"query": term.query, "topk": topk}
+        broken = json.dumps({"name": "search", "arguments": args}, ensure_ascii=False)[:-1]
+        messages.append({"role": "assistant", "content": f"I need {term.phrase}.\n<tool_call>\n{broken}\n</tool_call>"})
+        messages.append({"role": "tool", "content": MALFORMED_CALL_ERROR})
+    # All lookups in one turn, as parallel calls in the question's order: the model copies the
+    # question's terms left to right, and the trajectory needs one turn instead of one per term.
+    looked_up = [j for j in range(len(q.terms)) if not (flaw == "skipped_lookup" and j == bad_term)]
+    if looked_up:
+        calls = [tool_call("search", {"query": q.terms[j].query, "topk": topk}) for j in looked_up]
+        phrases = " and ".join(q.terms[j].phrase for j in looked_up)
+        messages.append({"role": "assistant", "content": f"I need {phrases}.", "tool_calls": calls})
+        for j in looked_up:
+            messages.append({"role": "tool", "name": "search", "content": tools.search(q.terms[j].query, topk)})
     used: list[int] = []
     for j, term in enumerate(q.terms):
-        if flaw == "skipped_lookup" and j == bad_term:
+        if j not in looked_up or (flaw == "misread_value" and j == bad_term):
             used.append(_fake_value(rng, term.value))
-            continue
-        args = {"query": term.query, "topk": topk}
-        if flaw == "malformed_tool_call" and j == bad_term:
-            broken = json.dumps({"name": "search", "arguments": args}, ensure_ascii=False)[:-1]
-            messages.append({"role": "assistant", "content": f"I need {term.phrase}.\n<tool_call>\n{broken}\n</tool_call>"})
-            messages.append({"role": "tool", "content": MALFORMED_CALL_ERROR})
-        messages.append({"role": "assistant", "content": f"I need {term.phrase}.", "tool_calls": [tool_call("search", args)]})
-        messages.append({"role": "tool", "name": "search", "content": tools.search(term.query, topk)})
-        used.append(_fake_value(rng, term.value) if flaw == "misread_value" and j == bad_term else term.value)
+        else:
+            used.append(term.value)
 
     facts = " ".join(f"The {t.attribute} of {t.entity} is {v}." for t, v in zip(q.terms, used))
     if q.level == 1:
@@ -225,11 +234,20 @@ def _trajectory(
     return messages
 
 
-@dataclasses.dataclass(frozen=True)
 class RegistryTools:
-    """Expert trajectories with the responses of the real tools (what the agent loop will see)."""
+    """Expert trajectories with the responses of the real tools (what the agent loop will see).
 
-    registry: Any
+    The expert's python code is our own trusted arithmetic (`print(a + b)`), and the sandbox costs
+    ~0.1 s per call, which would dominate building thousands of SFT examples. So the first
+    `verify_python` calls go through the real tool and must equal `run_python`'s text (a mismatch
+    raises); later calls use `run_python` directly. `verify_python=None` always uses the tool.
+    """
+
+    def __init__(self, registry: Any, verify_python: int | None = 8):
+        self.registry = registry
+        self.verify_python = verify_python
+        self._verified = 0
+        self._lock = threading.Lock()
 
     def search(self, query: str, topk: int | None = None) -> str:
         args: dict[str, Any] = {"query": query}
@@ -238,4 +256,16 @@ class RegistryTools:
         return self.registry.call("search", args).text
 
     def python(self, code: str) -> str:
-        return self.registry.call("python", {"code": code}).text
+        with self._lock:
+            fast = self.verify_python is not None and self._verified >= self.verify_python
+        if fast:
+            return run_python(code)
+        text = self.registry.call("python", {"code": code}).text
+        if self.verify_python is not None:
+            expected = run_python(code)
+            if text != expected:
+                raise RuntimeError(f"the python tool answered {text!r} where the expert's runner gives {expected!r} "
+                                   f"for {code!r}; use RegistryTools(verify_python=None) with this tool")
+            with self._lock:
+                self._verified += 1
+        return text
