@@ -65,7 +65,7 @@ def build_tokenizer(config, workdir: str, world=None):
                                        build_refinement_message("x")["content"]]
     # Train twice: the second pass also sees whole rendered conversations, so template words
     # ("assistant", "<think>\n\n</think>", tool-call JSON) become single tokens too.
-    digits = int(t.get("max_digits", 1))
+    digits = int(getattr(t, "max_digits", 1))
     first = chat.build_compact_tokenizer(texts, vocab_size=t.vocab_size, max_digits=digits)
     convs = [envs.expert_trajectory(world, q, system_prompt=DEFAULT_SYSTEM_PROMPT) for q in world.train[:200]]
     rendered = [chat.render(first, c, mode="train", add_generation_prompt=False).text for c in convs]

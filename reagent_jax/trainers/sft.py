@@ -50,7 +50,7 @@ def run_sft(ctx, model_cfg, params, rows: list[dict], sft_cfg, stage: str = "sft
     buckets = default_buckets(sft_cfg.max_len)
     opt = OptimizerConfig(learning_rate=sft_cfg.learning_rate, warmup_steps=sft_cfg.warmup_steps, decay="cosine",
                           total_steps=sft_cfg.steps, max_grad_norm=1.0)
-    objective = SFTObjective(model_cfg, context_weight=float(sft_cfg.get("context_loss_weight", 0.0)))
+    objective = SFTObjective(model_cfg, context_weight=float(getattr(sft_cfg, "context_loss_weight", 0.0)))
     runner = StageRunner(ctx, stage, model_cfg, params, objective, opt, total_steps=sft_cfg.steps,
                          micro_batches=sft_cfg.micro_batches, checkpoint_every=ctx.config.checkpoint.every,
                          keep=ctx.config.checkpoint.keep, progress_keys=["sft/nll"])
