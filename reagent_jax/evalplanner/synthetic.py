@@ -27,6 +27,7 @@ import re
 from typing import Sequence
 
 from reagent_jax.agent import envs
+from reagent_jax.agent.envs.expert import plausible_wrong_value
 from reagent_jax.agent.envs.synthetic import expression
 from reagent_jax.evalplanner import prompts as P
 from reagent_jax.evalplanner.judge import FORMATS, Chain, PairItem, parse_output, plan_block, request_seed
@@ -58,15 +59,6 @@ def answer_flaws(q: envs.Question) -> tuple[str, ...]:
     return tuple(f for f in ANSWER_FLAWS if not (f == "wrong_arithmetic" and q.level < 2))
 
 
-def _other_value(rng: random.Random, true: int) -> int:
-    """A plausible wrong value: off by 1-9 (tens for four-digit values half of the time)."""
-    scale = 10 if true >= 1000 and rng.random() < 0.5 else 1
-    while True:
-        value = true + rng.choice((-1, 1)) * rng.randint(1, 9) * scale
-        if value > 0 and value != true:
-            return value
-
-
 def flawed_answer(q: envs.Question, flaw: str, rng: random.Random) -> str:
     values = [t.value for t in q.terms]
     if flaw not in answer_flaws(q):
@@ -77,7 +69,7 @@ def flawed_answer(q: envs.Question, flaw: str, rng: random.Random) -> str:
         return _answer(q, _facts(q), values, int(q.answer) + rng.choice((-1, 1)) * rng.randint(1, 20))
     j = rng.randrange(len(values))
     used = list(values)
-    used[j] = _other_value(rng, values[j])
+    used[j] = plausible_wrong_value(rng, values[j])
     sentences = _facts(q, used)
     if flaw == "skipped_lookup":
         t = q.terms[j]

@@ -145,7 +145,8 @@ def message_texts(messages: Sequence[dict[str, Any]]) -> list[str]:
     return texts
 
 
-def _fake_value(rng: random.Random, true: int) -> int:
+def plausible_wrong_value(rng: random.Random, true: int) -> int:
+    """A plausible wrong value: off by 1-9 (tens for four-digit values half of the time)."""
     scale = 10 if true >= 1000 and rng.random() < 0.5 else 1
     while True:
         value = true + rng.choice((-1, 1)) * rng.randint(1, 9) * scale
@@ -202,7 +203,7 @@ def _trajectory(
     used: list[int] = []
     for j, term in enumerate(q.terms):
         if j not in looked_up or (flaw == "misread_value" and j == bad_term):
-            used.append(_fake_value(rng, term.value))
+            used.append(plausible_wrong_value(rng, term.value))
         else:
             used.append(term.value)
 
