@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import http.server
 import json
+import re
 import threading
 from typing import Any, Callable
 
@@ -72,6 +73,25 @@ def delayed(behaviour: Behaviour | str, delay_s: float) -> Behaviour:
 def echo(body: dict[str, Any]) -> str:
     content = body["messages"][-1].get("content")
     return f"echo: {content}"
+
+
+def grader_reply(body: dict[str, Any]) -> Behaviour | str:
+    """A scripted answer grader that reads the project's grading prompt: correct when a reference
+    occurs inside the response's last \\boxed{} (so "Barack Obama" matches "Obama", which the EM/F1
+    rule does not accept). "[down]" in the prompt -> HTTP 503; "[unparseable]" -> a reply without tags."""
+    user = body["messages"][-1]["content"]
+    if "[down]" in user:
+        return error(503)
+    if "[unparseable]" in user:
+        return "Looks plausible to me."
+    refs = re.search(r"any one is correct\):\n(.*?)\n\nResponse:", user, re.S).group(1)
+    refs = [line[2:].strip().lower() for line in refs.splitlines()]
+    boxed = re.findall(r"\\boxed\{([^{}]*)\}", user.split("Response:\n", 1)[1])
+    answer = boxed[-1] if boxed else None
+    correct = answer is not None and any(ref in answer.lower() for ref in refs)
+    return (f"<think>compare</think><reasoning>compared {answer!r} with {refs}</reasoning>\n"
+            f"<extracted_answer>{answer if answer else 'NONE'}</extracted_answer>\n"
+            f"<correct>{'yes' if correct else 'no'}</correct>")
 
 
 def completion_body(content: str, model: str, reasoning_content: str | None = None) -> dict[str, Any]:

@@ -3,7 +3,6 @@ computations and brute force, the LLM-judge path against a grader on loopback wi
 and the results file's resume bookkeeping."""
 import itertools
 import json
-import re
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from reagent_jax.eval.llm_judge import LLMAnswerJudge
 from reagent_jax.eval.report import benchmark_summary
 from reagent_jax.eval.results import ResultStore
 from reagent_jax.eval.scoring import AnswerScorer, ScoreItem
-from tests.fake_openai_server import FakeOpenAIServer, error
+from tests.fake_openai_server import FakeOpenAIServer, grader_reply
 
 
 def row(name, qid):
@@ -84,21 +83,6 @@ def test_pass_at_k_against_hand_computation_and_brute_force():
         passk.mean_pass_at_k([[True, False]], 3)
 
 
-def grader_reply(body):
-    """Reads the grader prompt: says yes when a reference occurs in the last boxed answer."""
-    user = body["messages"][-1]["content"]
-    if "[down]" in user:
-        return error(500)
-    if "[garbled]" in user:
-        return "I think it is probably fine."
-    refs = re.search(r"any one is correct\):\n(.*?)\n\nResponse:", user, re.S).group(1)
-    refs = [line[2:].strip().lower() for line in refs.splitlines()]
-    boxed = re.findall(r"\\boxed\{([^{}]*)\}", user.split("Response:\n", 1)[1])
-    ok = bool(boxed) and any(ref in boxed[-1].lower() for ref in refs)
-    return (f"<reasoning>compared {boxed[-1] if boxed else None!r}</reasoning>"
-            f"<extracted_answer>{boxed[-1] if boxed else 'NONE'}</extracted_answer><correct>{'yes' if ok else 'no'}</correct>")
-
-
 def test_llm_judge_path_with_rule_fallback():
     bam = row("bamboogle", "bamboogle/0")  # "james madison"
     with FakeOpenAIServer(reply=grader_reply) as server:
@@ -107,7 +91,7 @@ def test_llm_judge_path_with_rule_fallback():
         items = [
             ScoreItem(bam["question"], bam["answer"], "It was \\boxed{President James Madison}.", "bamboogle"),
             ScoreItem(bam["question"], bam["answer"], "\\boxed{John Adams}", "bamboogle"),
-            ScoreItem(bam["question"] + " [garbled]", bam["answer"], "\\boxed{James Madison}", "bamboogle"),
+            ScoreItem(bam["question"] + " [unparseable]", bam["answer"], "\\boxed{James Madison}", "bamboogle"),
             ScoreItem(bam["question"] + " [down]", bam["answer"], "\\boxed{John Adams}", "bamboogle"),
         ]
         judged, wrong, garbled, down = scorer.score_many(items)

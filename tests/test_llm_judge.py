@@ -1,6 +1,5 @@
 """LLM-as-judge answer grading against a fake grader on loopback, and its rule-based fallback."""
 
-import re
 
 import pytest
 
@@ -14,30 +13,12 @@ from reagent_jax.eval.llm_judge import (
     parse_grade,
 )
 from reagent_jax.rewards import score_answer
-from tests.fake_openai_server import FakeOpenAIServer, error
-
-
-def fake_grader(body):
-    """A grader that reads the prompt it was sent: correct when a reference appears inside the boxed
-    answer (so "Barack Obama" matches "Obama", which the EM/F1 rule does not accept)."""
-    user = body["messages"][-1]["content"]
-    if "[down]" in user:
-        return error(503)
-    if "[unparseable]" in user:
-        return "Looks plausible to me."
-    refs = re.search(r"Reference answers \(any one is correct\):\n(.*?)\n\nResponse:", user, re.S).group(1)
-    refs = [line[2:].strip().lower() for line in refs.splitlines()]
-    boxed = re.findall(r"\\boxed\{([^{}]*)\}", user.split("Response:\n", 1)[1])
-    answer = boxed[-1] if boxed else None
-    correct = answer is not None and any(ref in answer.lower() for ref in refs)
-    return (f"<think>compare</think><reasoning>compared {answer!r} with {refs}</reasoning>\n"
-            f"<extracted_answer>{answer if answer else 'NONE'}</extracted_answer>\n"
-            f"<correct>{'yes' if correct else 'no'}</correct>")
+from tests.fake_openai_server import FakeOpenAIServer, grader_reply
 
 
 @pytest.fixture
 def grader():
-    with FakeOpenAIServer(reply=fake_grader) as server:
+    with FakeOpenAIServer(reply=grader_reply) as server:
         yield server
 
 
