@@ -35,20 +35,19 @@ CASES = [dict(temperature=1.0), dict(temperature=0.7, top_k=5), dict(temperature
          dict(temperature=0.7, top_k=12, top_p=0.9), dict(temperature=2.0, top_p=0.5, top_k=40)]
 
 
-def test_sampled_distribution_matches_exact_one_per_row_params_in_one_batch():
-    logits = jax.random.normal(jax.random.PRNGKey(1), (V,)) * 2.0
-    n = 20000
-    temp = np.concatenate([np.full(n, c["temperature"], np.float32) for c in CASES])
-    top_p = np.concatenate([np.full(n, c.get("top_p", 1.0), np.float32) for c in CASES])
-    top_k = np.concatenate([np.full(n, c.get("top_k", 0), np.int32) for c in CASES])
+def _check_distribution(logits, cases, n, tv_tol):
+    v = logits.shape[-1]
+    temp = np.concatenate([np.full(n, c["temperature"], np.float32) for c in cases])
+    top_p = np.concatenate([np.full(n, c.get("top_p", 1.0), np.float32) for c in cases])
+    top_k = np.concatenate([np.full(n, c.get("top_k", 0), np.int32) for c in cases])
     rows = len(temp)
     seeds = np.arange(rows, dtype=np.uint32)
-    tok, lp = sample(jnp.broadcast_to(logits, (rows, V)), temp, top_p, top_k, seeds, np.full(rows, 7, np.int32))
+    tok, lp = sample(jnp.broadcast_to(logits, (rows, v)), temp, top_p, top_k, seeds, np.full(rows, 7, np.int32))
     tok, lp = np.asarray(tok), np.asarray(lp)
-    for i, case in enumerate(CASES):
+    for i, case in enumerate(cases):
         t = tok[i * n:(i + 1) * n]
         p = exact_probs(logits, case["temperature"], case.get("top_p", 1.0), case.get("top_k", 0))
-        counts = np.bincount(t, minlength=V)
+        counts = np.bincount(t, minlength=v)
         assert counts[p == 0].sum() == 0, f"{case}: truncated tokens were drawn"
         big = p * n >= 5
         expected = np.append(p[big] * n, p[~big].sum() * n)
@@ -57,10 +56,22 @@ def test_sampled_distribution_matches_exact_one_per_row_params_in_one_batch():
             expected, observed = expected[:-1], observed[:-1]
         stat = ((observed - expected) ** 2 / expected).sum()
         assert stat < chi2_quantile(len(expected) - 1), f"{case}: chi2 {stat:.1f} over {len(expected) - 1} dof"
-        assert 0.5 * np.abs(counts / n - p).sum() < 0.02
+        assert 0.5 * np.abs(counts / n - p).sum() < tv_tol
         # Reported logprob: full-vocabulary log softmax at temperature T, before truncation.
         ref = jax.nn.log_softmax(logits / case["temperature"])[t]
         np.testing.assert_allclose(lp[i * n:(i + 1) * n], ref, atol=1e-5)
+
+
+def test_sampled_distribution_matches_exact_one_per_row_params_in_one_batch():
+    _check_distribution(jax.random.normal(jax.random.PRNGKey(1), (V,)) * 2.0, CASES, 20000, 0.02)
+
+
+def test_two_level_draw_over_many_chunks_matches_exact_distribution():
+    """600 tokens = 5 chunks of 128 (the last one padded): the chunk draw and the draw inside
+    the chunk together give the exact distribution, with and without truncation."""
+    logits = jax.random.normal(jax.random.PRNGKey(7), (600,)) * 3.0
+    cases = [dict(temperature=1.0), dict(temperature=1.3, top_p=0.8), dict(temperature=0.7, top_k=200)]
+    _check_distribution(logits, cases, 20000, 0.05)
 
 
 def test_greedy_rows_and_key_determinism():
@@ -109,3 +120,45 @@ def test_engine_first_tokens_are_the_samplers_draws():
 def test_sampling_params_validation(bad, msg):
     with pytest.raises(ValueError, match=msg):
         SamplingParams(**bad)
+
+
+def _sorted_keep(scaled, top_p, top_k):
+    """Oracle keep-set of one row by a full sort (the definition `truncate` implements)."""
+    return exact_probs(scaled, 1.0, top_p, top_k) > 0
+
+
+@pytest.mark.parametrize("fast_k", [4, 256])
+def test_truncate_matches_a_full_sort_on_both_paths(fast_k):
+    """fast_k=4 forces most rows onto the bisection fallback; 256 decides them from lax.top_k.
+    Vocabulary 1000 (not a multiple of the 128-wide chunks), flat and peaked rows."""
+    v, rows = 1000, 12
+    rng = np.random.default_rng(3)
+    scale = np.array([0.3, 1, 3, 8] * 3, np.float32)[:, None]
+    scaled = (rng.normal(size=(rows, v)) * scale).astype(np.float32)
+    top_p = np.array([1, .5, .9, .99, 1, .95, .3, 1, .8, .999, .7, .9], np.float32)
+    top_k = np.array([5, 0, 0, 0, 300, 40, 2, 1, 600, 0, 999, 3], np.int32)
+    out = np.asarray(jax.jit(rollout.sampling.truncate, static_argnames="fast_k")(scaled, top_p, top_k, fast_k=fast_k))
+    for i in range(rows):
+        keep = np.isfinite(out[i])
+        np.testing.assert_array_equal(keep, _sorted_keep(scaled[i], top_p[i], top_k[i]), err_msg=f"row {i}")
+        np.testing.assert_array_equal(out[i][keep], scaled[i][keep])
+
+
+def test_first_argmax_on_an_uneven_vocabulary_with_ties():
+    x = np.random.default_rng(0).normal(size=(5, 1000)).astype(np.float32)
+    x[1, [7, 900]] = 50.0  # tie across chunks: the first index wins
+    x[2, [130, 131]] = 50.0  # tie inside a chunk
+    x[3] = -np.inf
+    x[3, 999] = 0.0  # the maximum in the padded tail chunk
+    np.testing.assert_array_equal(np.asarray(jax.jit(rollout.sampling.first_argmax)(x)), np.argmax(x, axis=-1))
+
+
+def test_sampling_without_truncation_code_draws_the_same_tokens():
+    """The engine compiles `truncation=False` when no row uses top-k / top-p: same draws."""
+    logits = jax.random.normal(jax.random.PRNGKey(5), (64, 300)) * 2.0
+    temp = np.where(np.arange(64) % 4 == 0, 0.0, 0.9).astype(np.float32)
+    args = (np.ones(64, np.float32), np.zeros(64, np.int32), np.arange(64, dtype=np.uint32), np.full(64, 3, np.int32))
+    with_code = jax.jit(rollout.sample)(logits, temp, *args)
+    without = jax.jit(rollout.sample, static_argnames="truncation")(logits, temp, *args, truncation=False)
+    np.testing.assert_array_equal(with_code[0], without[0])
+    np.testing.assert_allclose(with_code[1], without[1], atol=1e-6)

@@ -27,6 +27,13 @@ def _sampling_arrays(sessions: Sequence[Optional[Session]]) -> Sampling:
     return Sampling(temp, top_p, top_k, seeds)
 
 
+def needs_truncation(sessions: Sequence[Optional[Session]]) -> bool:
+    """Whether any sampled (temperature > 0) row uses top-k or top-p: the kernels' static
+    `truncation` flag, so batches without it run a program without the truncation code."""
+    return any(s is not None and s.sampling.temperature > 0 and (s.sampling.top_k > 0 or s.sampling.top_p < 1.0)
+               for s in sessions)
+
+
 def prefill_batch(rows: Sequence[Session], prefill_chunk: int, length_buckets: Sequence[int],
                   row_buckets: Sequence[int], window_buckets: Sequence[int], max_len: int, num_slots: int):
     """Packs the next chunk (<= prefill_chunk tokens) of each row's unwritten tokens.
@@ -48,7 +55,7 @@ def prefill_batch(rows: Sequence[Session], prefill_chunk: int, length_buckets: S
     sampling = _sampling_arrays(list(rows) + [None] * (b - len(rows)))
     window = bucket(max(s.cached + n for s, n in zip(rows, lens)), window_buckets)
     kwargs = dict(tokens=tokens, write_index=write_index, slot_ids=slot_ids, last_index=last_index,
-                  sampling=sampling, window=window)
+                  sampling=sampling, window=window, truncation=needs_truncation(rows))
     return kwargs, lens, completes
 
 

@@ -20,7 +20,7 @@ from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.functional import param_shardings
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules
 from reagent_jax.rollout import kernels
-from reagent_jax.rollout.batches import decode_state, decode_window, prefill_batch
+from reagent_jax.rollout.batches import decode_state, decode_window, needs_truncation, prefill_batch
 from reagent_jax.rollout.session import DECODE, DONE, PAUSED, PREFILL, Result, Session, turn_end
 
 
@@ -128,7 +128,8 @@ class Driver:
         with self._lock:
             state = decode_state(slots, self.max_stop_ids, exit_on_done=bool(self._waiting))
             window = decode_window(slots, self.decode_steps, self.window_buckets, self.max_len)
-        out = self._call("decode", kernels.decode, state=state, num_steps=self.decode_steps, window=window)
+        out = self._call("decode", kernels.decode, state=state, num_steps=self.decode_steps, window=window,
+                         truncation=needs_truncation(slots))
         events = []
         with self._lock:
             if out is None:
@@ -184,7 +185,8 @@ class Driver:
         """Runs a kernel on the driver thread; counts compiles and time; None on failure."""
         before = fn._cache_size()
         arrays = [kw[k] for k in ("tokens", "state") if k in kw]
-        self._shapes.add(f"{name}[{'x'.join(map(str, np.shape(jax.tree.leaves(arrays)[0])))},w{kw['window']}]")
+        self._shapes.add(f"{name}[{'x'.join(map(str, np.shape(jax.tree.leaves(arrays)[0])))},w{kw['window']}"
+                         + (",truncation]" if kw.get("truncation") else "]"))
         t0 = time.perf_counter()
         try:
             cache, *outs = fn(self.cfg, self._params, self._cache, mesh=self.mesh, rules=self.rules, **kw)

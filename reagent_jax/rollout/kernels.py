@@ -77,10 +77,11 @@ class Sampling(NamedTuple):
     seeds: jax.Array  # uint32
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "window", "mesh", "rules"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("cfg", "window", "truncation", "mesh", "rules"),
+                   donate_argnames=("cache",))
 def prefill(cfg: Qwen3Config, params, cache, tokens: jax.Array, write_index: jax.Array,
             slot_ids: jax.Array, last_index: jax.Array, sampling: Sampling, *, window: int,
-            mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES):
+            truncation: bool = True, mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES):
     """Writes one chunk per row into the cache and draws the token after each row's last one.
 
     tokens [B, T] (right-padded), write_index [B] (cache index of tokens[:, 0]; padding rows
@@ -88,7 +89,8 @@ def prefill(cfg: Qwen3Config, params, cache, tokens: jax.Array, write_index: jax
     last_index [B] (index in T of the row's last real token). Every real token must land below
     `window`. The B rows' first `window` positions are gathered, extended and scattered back, so
     attention is [B, T, window]. Returns (cache, next_tokens [B], logprobs [B]); logits are
-    projected for the last position only: [B, V], never [B, T, V].
+    projected for the last position only: [B, V], never [B, T, V]. truncation=False: no row
+    uses top-k / top-p (see `sampling.sample`).
     """
     rows = tuple(c.at[:, slot_ids, :window].get(mode="fill", fill_value=0) for c in cache)  # [L, B, W, K, D]
     h, rows = forward_with_cache(cfg, params, tokens, rows, write_index, mesh=mesh, rules=rules,
@@ -97,7 +99,8 @@ def prefill(cfg: Qwen3Config, params, cache, tokens: jax.Array, write_index: jax
     h_last = jnp.take_along_axis(h, last_index[:, None, None], axis=1)[:, 0]  # [B, E]
     logits = Qwen3(cfg, mesh, rules).apply({"params": params}, h_last, method=Qwen3.project)  # [B, V]
     positions = write_index + last_index + 1
-    tok, lp = sample(logits, sampling.temperature, sampling.top_p, sampling.top_k, sampling.seeds, positions)
+    tok, lp = sample(logits, sampling.temperature, sampling.top_p, sampling.top_k, sampling.seeds, positions,
+                     truncation=truncation)
     return _pin_cache(cache, mesh, rules), tok, lp
 
 
@@ -112,10 +115,10 @@ class DecodeState(NamedTuple):
     exit_on_done: jax.Array  # bool []: end the call as soon as any slot finishes (slots are awaited)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "num_steps", "window", "mesh", "rules"),
+@functools.partial(jax.jit, static_argnames=("cfg", "num_steps", "window", "truncation", "mesh", "rules"),
                    donate_argnames=("cache",))
 def decode(cfg: Qwen3Config, params, cache, state: DecodeState, *, num_steps: int, window: int,
-           mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES):
+           truncation: bool = True, mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES):
     """Runs up to `num_steps` decode steps over all N slots in one call: a while loop that ends
     early once no slot is active, or once any slot finishes if `state.exit_on_done` (so a freed
     slot is refilled without waiting for the rest of the fused steps), or before any active
@@ -124,6 +127,7 @@ def decode(cfg: Qwen3Config, params, cache, state: DecodeState, *, num_steps: in
     window (dropped). A slot stops on a stop token, when its budget is spent, or when the
     sequence would outgrow the cache (lengths + 1 == max_len). Returns (cache, out_tokens
     [num_steps, N], out_logprobs [num_steps, N]); out_tokens is -1 where a slot drew nothing.
+    truncation=False: no slot uses top-k / top-p (see `sampling.sample`).
     """
     full = cache
     max_len = cache[0].shape[2]
@@ -143,7 +147,8 @@ def decode(cfg: Qwen3Config, params, cache, state: DecodeState, *, num_steps: in
         i, st, cache, out_tok, out_lp = carry
         write = jnp.where(st.active, st.lengths, window)
         logits, cache = forward_with_cache(cfg, params, st.tokens[:, None], cache, write, mesh=mesh, rules=rules)
-        tok, lp = sample(logits[:, 0], s.temperature, s.top_p, s.top_k, s.seeds, st.lengths + 1)
+        tok, lp = sample(logits[:, 0], s.temperature, s.top_p, s.top_k, s.seeds, st.lengths + 1,
+                         truncation=truncation)
         tok = jnp.where(st.active, tok, -1)
         out_tok = out_tok.at[i].set(tok)
         out_lp = out_lp.at[i].set(jnp.where(st.active, lp, 0.0))

@@ -12,7 +12,8 @@ Randomness: the draw for the token at sequence index i of a request with seed s 
 fold_in(PRNGKey(s), i). It depends on nothing else (not the slot, the batch, or how many steps a
 kernel fuses), so the same seed gives the same tokens however requests are batched.
 Top-k is applied first, then top-p on the top-k-renormalised distribution (the order of
-`transformers` and vLLM); the drawn token is argmax(truncated logits / T + Gumbel noise).
+`transformers` and vLLM); the draw is a two-level Gumbel-max over the truncated logits / T (see
+`sample`), exact for that distribution.
 """
 from __future__ import annotations
 
@@ -74,65 +75,157 @@ class SamplingParams:
         return dataclasses.replace(self, **kw)
 
 
+_CHUNK = 128  # vocabulary chunk of the two-level argmax and draw
+_FAST_K = 256  # truncation is read off the top-_FAST_K values when they decide it
+
+
+def _chunked(x: jax.Array, fill: float) -> jax.Array:
+    """[B, V] -> [B, C, S] with S = _CHUNK, the tail padded with `fill`."""
+    b, v = x.shape
+    s = min(_CHUNK, v)
+    c = -(-v // s)
+    if c * s != v:
+        x = jnp.pad(x, ((0, 0), (0, c * s - v)), constant_values=fill)
+    return x.reshape(b, c, s)
+
+
+def _logsumexp(x: jax.Array) -> jax.Array:
+    """Over the last axis; all -inf rows give -inf (no NaN)."""
+    m = jnp.max(x, axis=-1)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    return m_safe + jnp.log(jnp.sum(jnp.exp(x - m_safe[..., None]), axis=-1))
+
+
+def _argmax_chunked(x3: jax.Array) -> jax.Array:
+    """First argmax of a chunked [B, C, S] array as a flat index [B]: the first chunk holding the
+    maximum, then the first position in it. A small argmax over C chunk maxima plus one over S
+    values is ~7x faster on XLA:CPU than one argmax over a 152k vocabulary."""
+    c = jnp.argmax(jnp.max(x3, axis=-1), axis=-1)  # [B]
+    row = jnp.take_along_axis(x3, c[:, None, None], axis=1)[:, 0]  # [B, S]
+    return (c * x3.shape[-1] + jnp.argmax(row, axis=-1)).astype(jnp.int32)
+
+
 def first_argmax(x: jax.Array) -> jax.Array:
-    """jnp.argmax over the last axis (first index on ties), as max + masked min: two vectorised
-    passes, several times faster than XLA:CPU's variadic argmax over a 152k vocabulary."""
-    v = x.shape[-1]
-    hit = x == jnp.max(x, axis=-1, keepdims=True)
-    idx = jnp.min(jnp.where(hit, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
-    return jnp.minimum(idx, v - 1)  # all-NaN rows: a valid id rather than v
+    """jnp.argmax over the last axis of [B, V] (first index on ties), computed chunk-wise."""
+    return jnp.minimum(_argmax_chunked(_chunked(x, -jnp.inf)), x.shape[-1] - 1)
 
 
-def _truncation_threshold(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array) -> jax.Array:
-    """Smallest kept scaled logit per row after top-k then top-p. scaled [B, V] -> [B]."""
-    v = scaled.shape[-1]
-    srt = -jnp.sort(-scaled, axis=-1)  # [B, V] descending
-    idx = jnp.arange(v)[None, :]
-    k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)[:, None]  # [B, 1]
-    in_k = idx < k
-    p = jax.nn.softmax(jnp.where(in_k, srt, -jnp.inf), axis=-1)  # renormalised over the top k
+def _order_key(x: jax.Array) -> jax.Array:
+    """float32 -> uint32 with the same order (so a threshold can be bisected on integers)."""
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(1 << 31))
+
+
+def _bisect(ok, lo: jax.Array, hi: jax.Array) -> jax.Array:
+    """Largest uint32 t in [lo, hi] with ok(t) (ok monotone non-increasing, ok(lo) true)."""
+    def step(_, bounds):
+        lo, hi = bounds
+        gap = hi - lo
+        mid = lo + (gap >> 1) + (gap & 1)
+        good = ok(mid) & (lo < hi)
+        return jnp.where(good, mid, lo), jnp.where(good | (lo >= hi), hi, mid - 1)
+    return jax.lax.fori_loop(0, 33, step, (lo, hi))[0]
+
+
+def _threshold_by_bisection(scaled: jax.Array, top_p: jax.Array, k: jax.Array) -> jax.Array:
+    """Exact keep-threshold (as an order key [B]) for any k and top_p: the k-th largest value by
+    bisection on counts, then the top-p value by bisection on the mass of the top-k
+    renormalised distribution. 2 x 33 passes over [B, V]: the fallback of the fast path."""
+    key = _order_key(scaled)  # [B, V]
+    lo, hi = jnp.min(key, axis=-1), jnp.max(key, axis=-1)
+    tk = _bisect(lambda t: jnp.sum(key >= t[:, None], axis=-1) >= k, lo, hi)
+    in_k = key >= tk[:, None]
+    logz = _logsumexp(jnp.where(in_k, scaled, -jnp.inf))
+    p = jnp.where(in_k, jnp.exp(scaled - logz[:, None]), 0.0)
+    tp = _bisect(lambda t: jnp.sum(jnp.where(key >= t[:, None], p, 0.0), axis=-1) >= top_p, tk, hi)
+    return jnp.where(top_p >= 1.0, tk, tp)
+
+
+def _threshold_from_top(top: jax.Array, logz_all: jax.Array, top_p: jax.Array, k: jax.Array):
+    """Keep-threshold from the sorted top values top [B, K] when they decide it.
+
+    Returns (threshold value [B], decided [B]). With k <= K the top-k set and its normaliser
+    are in `top`; with k = V (no top-k) the normaliser is the full one and the top-p set must
+    end inside `top`. Anything else (K < k < V, or a flat distribution) is left undecided."""
+    kk = top.shape[-1]
+    v_all = k >= jnp.iinfo(jnp.int32).max  # marker for "no top-k"
+    idx = jnp.arange(kk)[None, :]
+    in_k = idx < jnp.minimum(k, kk)[:, None]
+    logz = jnp.where(v_all, logz_all, _logsumexp(jnp.where(in_k, top, -jnp.inf)))
+    p = jnp.where(in_k, jnp.exp(top - logz[:, None]), 0.0)
     mass_before = jnp.cumsum(p, axis=-1) - p
     keep = in_k & ((top_p[:, None] >= 1.0) | (mass_before < top_p[:, None]))
-    n_keep = jnp.maximum(jnp.sum(keep, axis=-1), 1)  # [B]; the top token is always kept
-    return jnp.take_along_axis(srt, (n_keep - 1)[:, None], axis=-1)[:, 0]
+    n_keep = jnp.maximum(jnp.sum(keep, axis=-1), 1)
+    thresh = jnp.take_along_axis(top, (n_keep - 1)[:, None], axis=-1)[:, 0]
+    decided = jnp.where(v_all, (top_p < 1.0) & (jnp.sum(p, axis=-1) >= top_p), k <= kk)
+    return thresh, decided
 
 
-def truncate(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array) -> jax.Array:
-    """Sets logits outside each row's top-k / top-p set to -inf. scaled [B, V] (already / T)."""
+def truncate(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array, logz: Optional[jax.Array] = None,
+             fast_k: int = _FAST_K) -> jax.Array:
+    """Sets logits outside each row's top-k / top-p set to -inf. scaled [B, V] (already / T);
+    logz [B] = logsumexp(scaled) if known.
+
+    Exact (up to float ties at the threshold, which are all kept): the threshold is read off
+    lax.top_k(fast_k) when that decides it (peaked distributions: almost always), otherwise
+    found by bisection (see _threshold_by_bisection); a full sort of a 152k vocabulary would
+    cost ~30 ms per row on CPU."""
     v = scaled.shape[-1]
     needs = ((top_k > 0) & (top_k < v)) | (top_p < 1.0)  # [B]
-    thresh = _truncation_threshold(scaled, top_p, top_k)
-    thresh = jnp.where(needs, thresh, -jnp.inf)
-    return jnp.where(scaled >= thresh[:, None], scaled, -jnp.inf)
+    k = jnp.where((top_k > 0) & (top_k < v), top_k, jnp.iinfo(jnp.int32).max).astype(jnp.int32)
+    logz = _logsumexp(scaled) if logz is None else logz
+    top = jax.lax.top_k(scaled, min(fast_k, v))[0]  # [B, K] descending
+    thresh, decided = _threshold_from_top(top, logz, top_p, k)
+    key = jax.lax.cond(jnp.any(needs & ~decided),
+                       lambda: jnp.where(decided, _order_key(thresh),
+                                         _threshold_by_bisection(scaled, top_p, jnp.minimum(k, v))),
+                       lambda: _order_key(thresh))
+    keep = ~needs[:, None] | (_order_key(scaled) >= key[:, None])
+    return jnp.where(keep, scaled, -jnp.inf)
 
 
 def sample(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array,
-           seeds: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+           seeds: jax.Array, positions: jax.Array, truncation: bool = True) -> tuple[jax.Array, jax.Array]:
     """Draws one token per row. logits [B, V] fp32; per-row params [B]; positions [B] = the
     sequence index of the token being drawn. Returns (tokens [B] int32, logprobs [B] fp32).
 
-    The sort (truncation) and the Gumbel noise are skipped at run time (lax.cond) when no row
-    needs them, so greedy batches pay for one argmax and one logsumexp only.
+    The draw is a two-level Gumbel-max, exact for softmax(truncated logits / T): a chunk c of
+    the vocabulary with probability sum_c p (Gumbel-max over the C chunk log-masses), then a
+    token inside it with probability p_i / sum_c p (Gumbel-max over its S logits). It needs
+    C + S noise values per row instead of V (~180x fewer on a 152k vocabulary). Truncation and
+    noise are skipped at run time (lax.cond) when no row needs them, so greedy batches pay for
+    one chunked argmax and one logsumexp. truncation=False (static) leaves the top-k / top-p
+    code out of the program: the caller guarantees no row uses them (merely present, XLA:CPU
+    charges it ~5 ms per call on a 152k vocabulary).
     """
     logits = logits.astype(jnp.float32)
     v = logits.shape[-1]
     greedy = temperature <= 0
     t = jnp.where(greedy, 1.0, temperature).astype(jnp.float32)
     scaled = logits / t[:, None]
-    logz = jax.nn.logsumexp(scaled, axis=-1)
-    greedy_tok = first_argmax(logits)
+    x3 = _chunked(scaled, -jnp.inf)  # [B, C, S]
+    chunk_logz = _logsumexp(x3)  # [B, C]
+    logz = _logsumexp(chunk_logz)  # [B]
+    greedy_tok = _argmax_chunked(x3)
 
     def draw(_):
         needs = (~greedy) & (((top_k > 0) & (top_k < v)) | (top_p < 1.0))
-        masked = jax.lax.cond(jnp.any(needs), lambda s: truncate(s, jnp.where(greedy, 1.0, top_p), top_k),
-                              lambda s: s, scaled)
-        keys = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.PRNGKey(s), p))(
-            seeds.astype(jnp.uint32), positions.astype(jnp.int32))
-        noise = jax.vmap(lambda k: jax.random.gumbel(k, (v,), jnp.float32))(keys)
-        return first_argmax(masked + noise)
+
+        def truncated():
+            m = _chunked(truncate(scaled, jnp.where(greedy, 1.0, top_p), jnp.where(greedy, 0, top_k), logz), -jnp.inf)
+            return m, _logsumexp(m)
+
+        masked, mlogz = (jax.lax.cond(jnp.any(needs), truncated, lambda: (x3, chunk_logz)) if truncation
+                         else (x3, chunk_logz))
+        keys = jax.vmap(lambda s, p: jax.random.split(jax.random.fold_in(jax.random.PRNGKey(s), p)))(
+            seeds.astype(jnp.uint32), positions.astype(jnp.int32))  # [B, 2, key]
+        c_noise = jax.vmap(lambda k: jax.random.gumbel(k, mlogz.shape[-1:], jnp.float32))(keys[:, 0])
+        c = jnp.argmax(mlogz + c_noise, axis=-1)  # [B]
+        row = jnp.take_along_axis(masked, c[:, None, None], axis=1)[:, 0]  # [B, S]
+        s_noise = jax.vmap(lambda k: jax.random.gumbel(k, row.shape[-1:], jnp.float32))(keys[:, 1])
+        return (c * row.shape[-1] + jnp.argmax(row + s_noise, axis=-1)).astype(jnp.int32)
 
     drawn = jax.lax.cond(jnp.all(greedy), lambda _: greedy_tok, draw, None)
-    tokens = jnp.where(greedy, greedy_tok, drawn)
+    tokens = jnp.minimum(jnp.where(greedy, greedy_tok, drawn), v - 1)
     logprobs = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0] - logz
     return tokens, logprobs
-
