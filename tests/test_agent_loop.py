@@ -7,7 +7,7 @@ import pytest
 
 from reagent_jax import chat, models, rewards, rollout
 from reagent_jax.agent import envs, tools
-from reagent_jax.agent.loop import AgentConfig, AgentLoop
+from reagent_jax.agent.loop import AgentConfig, AgentLoop, episode_seed
 from reagent_jax.eval.agent_eval import evaluate_agent
 from tests.scripted_engine import ScriptedEngine
 
@@ -133,3 +133,13 @@ def test_tool_latency_overlaps_with_other_episodes(world_setup):
     trajs = loop.run([{"question": "q?", "answer": ["2"], "data_source": "synthetic"}] * 8)
     assert all(t.finish_reason == "answer" for t in trajs)
     assert time.perf_counter() - t0 < 2.0
+
+
+def test_episode_seeds_stay_in_the_engine_range_for_any_run_seed():
+    """GRPO derives run seeds as seed * 100_003 + step: a config seed of 1 used to overflow
+    the engine's uint32 seeds (SamplingParams refused 100003300015)."""
+    for base in (0, 1, 7, 100_003 * 12345 + 9, 2 ** 40):
+        seeds = {episode_seed(base, j, i) for j in range(8) for i in range(8)}
+        assert len(seeds) == 64 and all(0 <= s < 2 ** 31 for s in seeds)
+        rollout.SamplingParams(seed=max(seeds))
+    assert episode_seed(0, 2, 3) == 2 * 1009 + 3  # seed-0 runs keep their draws

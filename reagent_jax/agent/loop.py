@@ -41,6 +41,13 @@ class AgentConfig:
     seed: int = 0
 
 
+def episode_seed(base: int, record_index: int, sample_index: int) -> int:
+    """Sampling seed of sample i of record j in a run seeded `base`: fixed, distinct for nearby
+    (j, i), and inside the engine's seed range whatever the base (callers pass step-derived bases
+    such as seed * 100_003 + step)."""
+    return (base * 1_000_003 + record_index * 1009 + sample_index) % (2 ** 31)
+
+
 class AgentLoop:
     """Runs episodes for question records ({"question", "answer", "data_source", "id"}).
 
@@ -84,7 +91,7 @@ class AgentLoop:
         `continue_many` can append to it without re-prefilling; call `release` afterwards.
         """
         base = self.config.seed if seed is None else seed
-        jobs = [(r, i, base * 1_000_003 + j * 1009 + i) for j, r in enumerate(records) for i in range(n)]
+        jobs = [(r, i, episode_seed(base, j, i)) for j, r in enumerate(records) for i in range(n)]
         return self._map(lambda job: self.run_episode(job[0], sample_index=job[1], seed=job[2], greedy=greedy,
                                                       keep_session=keep_sessions), jobs, progress)
 
