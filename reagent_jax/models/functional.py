@@ -118,12 +118,16 @@ def _chunked_logprobs(cfg, params, h, targets, temperature, chunk_size, mesh, ru
     @jax.checkpoint
     def one(hc, tc):
         logits = model.apply({"params": params}, hc, method=Qwen3.project) / temperature  # [B, C, V]
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        lp = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0] - lse
         if not with_entropy:
-            return lp, jnp.zeros_like(lp)
-        p = jnp.exp(logits - lse[..., None])
-        ent = lse - jnp.sum(p * logits, axis=-1)
+            lse = jax.nn.logsumexp(logits, axis=-1)
+            return jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0] - lse, jnp.zeros(tc.shape)
+        # One exp pass feeds both the normaliser and the entropy (H = lse - E_p[logits]).
+        m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+        e = jnp.exp(logits - m)
+        z = jnp.sum(e, axis=-1)
+        lse = m[..., 0] + jnp.log(z)
+        lp = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0] - lse
+        ent = lse - jnp.sum(e * logits, axis=-1) / z
         return lp, ent
 
     lp, ent = jax.lax.map(lambda a: one(*a), (hs, ts))  # [n, B, C]
