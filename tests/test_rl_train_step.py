@@ -153,3 +153,20 @@ def test_one_step_on_8_devices_equals_single_device():
     res = run_with_devices(code)
     assert res["grpo"] <= 1e-5 and res["dpo"] <= 1e-5, res
     assert "fsdp" in res["grpo_spec"] and "tensor" in res["grpo_spec"]
+
+
+def test_grpo_step_moves_logprobs_in_the_advantage_direction():
+    """End to end (objective + train step + AdamW): on-policy rows with positive advantage
+    become more likely, rows with negative advantage less likely."""
+    batch = grpo_batch(seed=2)
+    batch["advantages"] = np.array([1, 1, -1, -1, 1, -1, 1, -1], np.float32)
+    params = models.init_params(CFG, jax.random.PRNGKey(2))
+    lp0 = np.asarray(models.token_logprobs(CFG, params, batch["tokens"], batch["attention_mask"]))
+    batch["old_logprobs"] = lp0  # on-policy: ratio 1 at the first step
+    opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-3))
+    step = ts.make_train_step(objectives.GRPOObjective(CFG), opt)
+    state, _ = step(ts.init_state(params, opt), ts.shard_batch(batch, None))
+    lp1 = np.asarray(models.token_logprobs(CFG, state.params, batch["tokens"], batch["attention_mask"]))
+    change = ((lp1 - lp0) * batch["loss_mask"]).sum(-1)
+    rows = batch["loss_mask"].sum(-1) > 0
+    assert (np.sign(change[rows]) == batch["advantages"][rows]).all(), (change, batch["advantages"])
