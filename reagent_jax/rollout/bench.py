@@ -5,6 +5,7 @@
   decode_steps_sweep(...)    tokens/s vs decode steps fused per host round trip
   multi_turn(...)            8-turn trajectories: cache reuse vs re-prefilling the history
   continuous_vs_static(...)  skewed lengths: continuous batching vs static batches
+  sampler(...)               the fused sampler alone on [batch, vocab] logits, per setting
 
 Timings are medians over `iters` runs after one warm-up run (compiles excluded); on a shared
 CPU compare ratios rather than absolute numbers. Everything runs in fp32 by default so the
@@ -239,6 +240,29 @@ def continuous_vs_static(cfg: Union[Qwen3Config, str] = "bench-256", requests: i
     }
 
 
+def sampler(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, iters: int = 5) -> dict:
+    """Milliseconds per `sample` call on random [batch, vocab] logits (median of `iters`), for
+    greedy, temperature, and top-p on a flat (random-init-like) and a peaked distribution. The
+    kernels compile `truncation=False` when no row truncates, as the engine does."""
+    import functools
+    import jax.numpy as jnp
+    from reagent_jax.rollout.sampling import sample
+    cfg = preset(cfg) if isinstance(cfg, str) else cfg
+    flat = jax.random.normal(jax.random.PRNGKey(0), (batch, cfg.vocab_size))
+    ones, zeros = jnp.ones(batch), jnp.zeros(batch)
+    rest = (jnp.zeros(batch, jnp.int32), jnp.arange(batch, dtype=jnp.uint32), jnp.full(batch, 70, jnp.int32))
+    plain = jax.jit(functools.partial(sample, truncation=False))
+    full = jax.jit(sample)
+    cases = {"greedy": (plain, flat, zeros, ones), "temperature_0.7": (plain, flat, zeros + 0.7, ones),
+             "top_p_0.95_flat": (full, flat, zeros + 0.7, ones * 0.95),
+             "top_p_0.95_peaked": (full, flat * 8.0, zeros + 0.7, ones * 0.95)}
+    out = {}
+    for name, (fn, logits, temp, top_p) in cases.items():
+        times = perf.time_calls(lambda: fn(logits, temp, top_p, *rest), iters=iters, warmup=1)
+        out[f"{name}_ms"] = 1e3 * perf.median(times)
+    return out
+
+
 def run(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prompt_len: int = 64, new_tokens: int = 64,
         iters: int = 3, with_torch: bool = True) -> dict:
     """All rollout figures (launch/bench.py --mode=rollout): throughput vs transformers, the
@@ -247,4 +271,5 @@ def run(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prompt_len:
             "roofline": roofline(cfg, batch, prompt_len, new_tokens, iters=max(iters, 3)),
             "decode_steps_sweep": decode_steps_sweep(cfg, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, iters=iters),
             "multi_turn": multi_turn(cfg, iters=iters),
-            "continuous_vs_static": continuous_vs_static(cfg, iters=iters)}
+            "continuous_vs_static": continuous_vs_static(cfg, iters=iters),
+            "sampler": sampler(cfg, batch)}
