@@ -13,11 +13,13 @@ torch CPU comparison is like for like.
 """
 from __future__ import annotations
 
+import functools
 import tempfile
 import time
 from typing import Callable, Sequence, Union
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from reagent_jax import perf
@@ -26,7 +28,7 @@ from reagent_jax.models.functional import init_params
 from reagent_jax.models.hf_io import save_hf_checkpoint
 from reagent_jax.models.presets import preset
 from reagent_jax.rollout.engine import Engine
-from reagent_jax.rollout.sampling import SamplingParams
+from reagent_jax.rollout.sampling import SamplingParams, sample
 
 
 def _model(cfg: Union[Qwen3Config, str]):
@@ -122,9 +124,9 @@ def roofline(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prompt
     machine every figure is the best of `iters` (least disturbed) run, measured interleaved."""
     cfg, params = _model(cfg)
     n = 2048
-    a, b = jax.numpy.ones((n, n)), jax.numpy.ones((n, n))
-    big = jax.numpy.ones((64 * 1024 * 1024,))  # 256 MiB
-    matmul, read = jax.jit(lambda x, y: x @ y), jax.jit(jax.numpy.sum)
+    a, b = jnp.ones((n, n)), jnp.ones((n, n))
+    big = jnp.ones((64 * 1024 * 1024,))  # 256 MiB
+    matmul, read = jax.jit(lambda x, y: x @ y), jax.jit(jnp.sum)
     prompts = _prompts(cfg, batch, prompt_len)
     sp = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
     make = lambda: Engine(cfg, params, num_slots=batch, max_len=prompt_len + new_tokens, prefill_chunk=prompt_len,
@@ -244,9 +246,6 @@ def sampler(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, iters: 
     """Milliseconds per `sample` call on random [batch, vocab] logits (median of `iters`), for
     greedy, temperature, and top-p on a flat (random-init-like) and a peaked distribution. The
     kernels compile `truncation=False` when no row truncates, as the engine does."""
-    import functools
-    import jax.numpy as jnp
-    from reagent_jax.rollout.sampling import sample
     cfg = preset(cfg) if isinstance(cfg, str) else cfg
     flat = jax.random.normal(jax.random.PRNGKey(0), (batch, cfg.vocab_size))
     ones, zeros = jnp.ones(batch), jnp.zeros(batch)

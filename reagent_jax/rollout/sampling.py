@@ -89,13 +89,6 @@ def _chunked(x: jax.Array, fill: float) -> jax.Array:
     return x.reshape(b, c, s)
 
 
-def _logsumexp(x: jax.Array) -> jax.Array:
-    """Over the last axis; all -inf rows give -inf (no NaN)."""
-    m = jnp.max(x, axis=-1)
-    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-    return m_safe + jnp.log(jnp.sum(jnp.exp(x - m_safe[..., None]), axis=-1))
-
-
 def _argmax_chunked(x3: jax.Array) -> jax.Array:
     """First argmax of a chunked [B, C, S] array as a flat index [B]: the first chunk holding the
     maximum, then the first position in it. A small argmax over C chunk maxima plus one over S
@@ -135,7 +128,7 @@ def _threshold_by_bisection(scaled: jax.Array, top_p: jax.Array, k: jax.Array) -
     lo, hi = jnp.min(key, axis=-1), jnp.max(key, axis=-1)
     tk = _bisect(lambda t: jnp.sum(key >= t[:, None], axis=-1) >= k, lo, hi)
     in_k = key >= tk[:, None]
-    logz = _logsumexp(jnp.where(in_k, scaled, -jnp.inf))
+    logz = jax.nn.logsumexp(jnp.where(in_k, scaled, -jnp.inf), axis=-1)
     p = jnp.where(in_k, jnp.exp(scaled - logz[:, None]), 0.0)
     tp = _bisect(lambda t: jnp.sum(jnp.where(key >= t[:, None], p, 0.0), axis=-1) >= top_p, tk, hi)
     return jnp.where(top_p >= 1.0, tk, tp)
@@ -151,7 +144,7 @@ def _threshold_from_top(top: jax.Array, logz_all: jax.Array, top_p: jax.Array, k
     v_all = k >= jnp.iinfo(jnp.int32).max  # marker for "no top-k"
     idx = jnp.arange(kk)[None, :]
     in_k = idx < jnp.minimum(k, kk)[:, None]
-    logz = jnp.where(v_all, logz_all, _logsumexp(jnp.where(in_k, top, -jnp.inf)))
+    logz = jnp.where(v_all, logz_all, jax.nn.logsumexp(jnp.where(in_k, top, -jnp.inf), axis=-1))
     p = jnp.where(in_k, jnp.exp(top - logz[:, None]), 0.0)
     mass_before = jnp.cumsum(p, axis=-1) - p
     keep = in_k & ((top_p[:, None] >= 1.0) | (mass_before < top_p[:, None]))
@@ -173,7 +166,7 @@ def truncate(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array, logz: Option
     v = scaled.shape[-1]
     needs = ((top_k > 0) & (top_k < v)) | (top_p < 1.0)  # [B]
     k = jnp.where((top_k > 0) & (top_k < v), top_k, jnp.iinfo(jnp.int32).max).astype(jnp.int32)
-    logz = _logsumexp(scaled) if logz is None else logz
+    logz = jax.nn.logsumexp(scaled, axis=-1) if logz is None else logz
     top = jax.lax.top_k(scaled, min(fast_k, v))[0]  # [B, K] descending
     thresh, decided = _threshold_from_top(top, logz, top_p, k)
     key = jax.lax.cond(jnp.any(needs & ~decided),
@@ -204,8 +197,8 @@ def sample(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: j
     t = jnp.where(greedy, 1.0, temperature).astype(jnp.float32)
     scaled = logits / t[:, None]
     x3 = _chunked(scaled, -jnp.inf)  # [B, C, S]
-    chunk_logz = _logsumexp(x3)  # [B, C]
-    logz = _logsumexp(chunk_logz)  # [B]
+    chunk_logz = jax.nn.logsumexp(x3, axis=-1)  # [B, C]
+    logz = jax.nn.logsumexp(chunk_logz, axis=-1)  # [B]
     greedy_tok = _argmax_chunked(x3)
 
     def draw(_):
@@ -213,7 +206,7 @@ def sample(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: j
 
         def truncated():
             m = _chunked(truncate(scaled, jnp.where(greedy, 1.0, top_p), jnp.where(greedy, 0, top_k), logz), -jnp.inf)
-            return m, _logsumexp(m)
+            return m, jax.nn.logsumexp(m, axis=-1)
 
         masked, mlogz = (jax.lax.cond(jnp.any(needs), truncated, lambda: (x3, chunk_logz)) if truncation
                          else (x3, chunk_logz))
