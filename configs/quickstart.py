@@ -41,7 +41,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.grpo = ml_collections.ConfigDict(dict(
         steps=8, questions_per_step=8, n=8, learning_rate=5e-5, warmup_steps=0, beta=0.0, kl_kind="k3",
         eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo", loss_agg_mode="token-mean",
-        micro_batches=2, drop_equal_reward_groups=True, mask_overlong=False, max_grad_norm=1.0))
+        micro_batches=2, mini_batches=1, old_logprobs="rollout", drop_equal_reward_groups=True, mask_overlong=False,
+        max_grad_norm=1.0))
     # Agent-RRM (used when strategy != grpo). judge: rule (the synthetic world's annotator),
     # local (a tiny RRM trained by the rrm_sft / rrm_grpo stages), remote (OpenAI-compatible).
     c.rrm = ml_collections.ConfigDict(dict(judge="rule", lam=0.3, refine_below=1.0, max_len=1536,
@@ -51,8 +52,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.rrm_grpo = ml_collections.ConfigDict(dict(
         steps=10, questions_per_step=8, n=4, learning_rate=2e-4, warmup_steps=0, beta=0.0, kl_kind="k3",
         eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo", loss_agg_mode="token-mean",
-        micro_batches=2, drop_equal_reward_groups=True, mask_overlong=True, max_grad_norm=1.0))
+        micro_batches=2, mini_batches=1, old_logprobs="rollout", drop_equal_reward_groups=True, mask_overlong=True,
+        max_grad_norm=1.0))
 
-    c.eval = ml_collections.ConfigDict(dict(num_questions=80, max_turns=6, greedy=True, refinement=False))
+    c.eval = ml_collections.ConfigDict(dict(num_questions=80, n=1, max_turns=6, greedy=True, refinement=False))
     c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
     return c

@@ -125,8 +125,8 @@ def train_rrm(ctx, registry, system_prompt, stage):
                     max_len=c.rrm.max_len)
 
 
-def _row(name, ev, extra=None):
-    return {"policy": name, "held-out accuracy": ev["accuracy"], "pass@1": ev["pass_at_n"],
+def _row(name, ev, n=1, extra=None):
+    return {"policy": name, "held-out accuracy": ev["accuracy"], f"pass@{n}": ev["pass_at_n"],
             "turns": ev["num_turns"], "tool calls": ev["tool_calls"], "gen tokens/s": ev["tokens_per_s"],
             **(extra or {})}
 
@@ -141,7 +141,11 @@ def run(config, workdir: str) -> dict:
     if unknown:
         raise ValueError(f"unknown stages {sorted(unknown)}; the agent pipeline has rrm_sft, rrm_grpo, sft, grpo")
 
-    cfg, params = load_policy(ctx, None)
+    # `--config.stages=grpo` on a workdir whose SFT stage finished earlier starts from that policy
+    start_from = "sft" if "sft" not in stages and ctx.has_final("sft") else None
+    cfg, params = load_policy(ctx, start_from)
+    if start_from:
+        log.info("starting from the finished %s stage: %s", start_from, ctx.final_dir(start_from))
     r = config.rollout
     engine = Engine(cfg, params, num_slots=r.num_slots, max_len=r.max_len, prefill_chunk=r.prefill_chunk,
                     decode_steps=r.decode_steps, mesh=ctx.mesh, tokenizer=ctx.tokenizer, seed=config.seed)
@@ -159,15 +163,16 @@ def run(config, workdir: str) -> dict:
         def evaluate(name):
             if not heldout:
                 return None
-            ev = evaluate_agent(eval_loop, heldout, greedy=config.eval.greedy, seed=config.seed)
-            rows.append(_row(name, ev))
+            n = config.eval.get("n", 1)
+            ev = evaluate_agent(eval_loop, heldout, n=n, greedy=config.eval.greedy, seed=config.seed)
+            rows.append(_row(name, ev, n))
             log.info("%s: held-out accuracy %.3f", name, ev["accuracy"])
             with open(os.path.join(workdir, f"eval_{name}.jsonl"), "w") as f:
                 for t in ev["trajectories"]:
                     f.write(json.dumps(t.to_json()) + "\n")
             return ev
 
-        evaluate("random_init")
+        evaluate(start_from or "random_init")
         judge = None
         for stage in stages:
             if stage.startswith("rrm_"):

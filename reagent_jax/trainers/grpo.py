@@ -76,22 +76,59 @@ def row_bucket(n: int, micro_batches: int, cap: int) -> int:
     return min(b, cap)
 
 
+OLD_LOGPROBS = ("rollout", "recompute")
+
+
+def update_batches(rows: list[dict], *, mini_batches: int, micro_batches: int, row_cap: int, buckets, max_len: int,
+                   seed: int, step: int) -> list[dict]:
+    """The rollout rows of one step as `mini_batches` padded batches, one optimizer update each
+    (verl's ppo_mini_batch_size: with k > 1 the later updates are off-policy and the clip matters).
+
+    Rows are shuffled with (seed, step), so a resumed run splits them exactly as before; each
+    mini-batch is padded to the next of a few row counts (powers of two x micro_batches, capped at
+    its share of `row_cap`), so only kept rows are computed and few shapes are compiled."""
+    if mini_batches < 1:
+        raise ValueError(f"grpo.mini_batches must be >= 1, got {mini_batches}")
+    order = np.random.default_rng([seed, step]).permutation(len(rows)) if mini_batches > 1 else np.arange(len(rows))
+    cap = -(-row_cap // mini_batches)
+    cap = -(-cap // micro_batches) * micro_batches
+    out = []
+    for part in np.array_split(order, min(mini_batches, len(rows))):
+        chosen = [rows[i] for i in part]
+        batch = pad_rows(chosen, buckets=buckets, batch_size=row_bucket(len(chosen), micro_batches, cap),
+                         max_len=max_len)
+        batch.pop("row_mask")
+        out.append(batch)
+    return out
+
+
 def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strategy=None, stage: str = "grpo",
              seed: int = 0, temperature: float = 1.0, max_len: int = 1024, rows_per_step: Optional[int] = None):
-    """GRPO for gcfg.steps steps over `records`; `loop` is an AgentLoop on a running engine."""
+    """GRPO for gcfg.steps steps over `records`; `loop` is an AgentLoop on a running engine.
+
+    gcfg.mini_batches (default 1) optimizer updates per rollout step; gcfg.old_logprobs "rollout"
+    (default: the engine's logprobs, same definition as the trainer's) or "recompute" (the actor's
+    logprobs at the start of the step, computed by the trainer before its first update)."""
     strategy = strategy or PlainGRPO()
+    mini_batches = int(gcfg.get("mini_batches", 1))
+    old_source = gcfg.get("old_logprobs", "rollout")
+    if old_source not in OLD_LOGPROBS:
+        raise ValueError(f"{stage}.old_logprobs={old_source!r}; use one of {OLD_LOGPROBS}")
+    if mini_batches < 1:
+        raise ValueError(f"{stage}.mini_batches must be >= 1, got {mini_batches}")
     adv_fn = get_advantage_fn(gcfg.advantage)
     objective = GRPOObjective(model_cfg, eps_low=gcfg.eps_low, eps_high=gcfg.eps_high, dual_clip_c=gcfg.dual_clip_c,
                               beta=gcfg.beta, kl_kind=gcfg.kl_kind, loss_agg_mode=gcfg.loss_agg_mode,
                               temperature=temperature)
     opt = OptimizerConfig(learning_rate=gcfg.learning_rate, warmup_steps=gcfg.warmup_steps, decay="constant",
-                          total_steps=gcfg.steps, max_grad_norm=gcfg.max_grad_norm)
+                          total_steps=gcfg.steps * mini_batches, max_grad_norm=gcfg.max_grad_norm)
     runner = StageRunner(ctx, stage, model_cfg, params, objective, opt, total_steps=gcfg.steps,
                          micro_batches=gcfg.micro_batches, checkpoint_every=ctx.config.checkpoint.every,
                          keep=ctx.config.checkpoint.keep,
                          progress_keys=["critic/score/mean", "actor/pg_loss", "response_length/mean"])
     ref_params = jax.tree.map(jnp.copy, params) if gcfg.beta else None  # frozen; beta 0 skips it entirely
-    ref_lp = jax.jit(lambda p, t, m: token_logprobs(model_cfg, p, t, m, temperature=temperature))
+    # reference logprobs (frozen params) and recomputed old logprobs (the step's starting params)
+    policy_lp = jax.jit(lambda p, t, m: token_logprobs(model_cfg, p, t, m, temperature=temperature))
     buckets = default_buckets(max_len)
     n_rows = rows_per_step or gcfg.questions_per_step * gcfg.n * getattr(strategy, "rows_per_episode", 1)
     n_rows = -(-n_rows // gcfg.micro_batches) * gcfg.micro_batches
@@ -117,17 +154,19 @@ def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strateg
         rows = build_rows(trajs, np.asarray(adv.advantages), keep, gcfg.mask_overlong)
         if not rows:
             return None, m
-        rows = rows[:n_rows]
-        # Only kept rows are computed: the batch is padded to the next of a few row counts
-        # (powers of two x micro_batches, capped at n_rows), not to the whole step's rollouts.
-        batch = pad_rows(rows, buckets=buckets, batch_size=row_bucket(len(rows), gcfg.micro_batches, n_rows),
-                         max_len=max_len)
-        batch.pop("row_mask")
+        batches = update_batches(rows[:n_rows], mini_batches=mini_batches, micro_batches=gcfg.micro_batches,
+                                 row_cap=n_rows, buckets=buckets, max_len=max_len, seed=seed, step=step)
+        if old_source == "recompute":
+            t1 = time.perf_counter()
+            for b in batches:
+                b["old_logprobs"] = np.asarray(policy_lp(params_now, b["tokens"], b["attention_mask"]))
+            m["timing_s/old_logprobs"] = time.perf_counter() - t1
         if gcfg.beta:
             t1 = time.perf_counter()
-            batch["ref_logprobs"] = np.asarray(ref_lp(ref_params, batch["tokens"], batch["attention_mask"]))
+            for b in batches:
+                b["ref_logprobs"] = np.asarray(policy_lp(ref_params, b["tokens"], b["attention_mask"]))
             m["timing_s/ref"] = time.perf_counter() - t1
-        return batch, m
+        return (batches if len(batches) > 1 else batches[0]), m
 
     out = runner.run(batch_fn)
     loop.engine.update_params(out)

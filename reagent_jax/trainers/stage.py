@@ -1,7 +1,8 @@
 """The plain functional loop shared by every training stage (big_vision style).
 
-A stage supplies `batch_fn(step, params) -> (batch | None, metrics)`: the data for `step` must be
-a pure function of (seed, step) and the current params, so a run killed at any point and
+A stage supplies `batch_fn(step, params) -> (batch | [batch, ...] | None, metrics)`: a list is
+applied as consecutive optimizer updates within the step (PPO mini-batches; their metrics are
+averaged). The data for `step` must be a pure function of (seed, step) and the current params, so a run killed at any point and
 resumed from its last checkpoint replays exactly what an uninterrupted run would have done.
 The runner owns the train state, its shardings, Orbax checkpoints (keep last N), metrics
 (JSONL + TensorBoard), the progress bar and the final params export.
@@ -56,6 +57,22 @@ class StageRunner:
     def params(self):
         return self.state.params
 
+    def _update(self, batches: list, step: int) -> dict:
+        """One optimizer update per batch; metrics averaged over them (skips summed)."""
+        per_update = []
+        for batch in batches:
+            self.state, tm = self.step_fn(self.state, ts.shard_batch(batch, self.ctx.mesh))
+            per_update.append({k: float(np.asarray(v)) for k, v in jax.device_get(tm).items()})
+        m = {k: float(np.mean([u[k] for u in per_update])) for k in per_update[0]}
+        skipped = sum(u.get("train/skipped_nonfinite", 0.0) for u in per_update)
+        if skipped:
+            m["train/skipped_nonfinite"] = skipped
+            log.warning("%s step %d: non-finite loss or gradient in %d of %d updates; skipped", self.stage, step,
+                        int(skipped), len(batches))
+        if len(batches) > 1:
+            m["train/updates"] = float(len(batches))
+        return m
+
     def run(self, batch_fn: BatchFn, after_step: Optional[Callable[[int, dict], dict]] = None):
         """Runs steps [start_step, total_steps); returns the final params (also saved to final/)."""
         bar = metrics_lib.ProgressBar(self.total_steps, desc=self.stage, keys=self.progress_keys,
@@ -67,12 +84,7 @@ class StageRunner:
                 t1 = time.perf_counter()
                 m = dict(m)
                 if batch is not None:
-                    batch = ts.shard_batch(batch, self.ctx.mesh)
-                    self.state, tm = self.step_fn(self.state, batch)
-                    tm = jax.device_get(tm)
-                    m.update({k: float(np.asarray(v)) for k, v in tm.items()})
-                    if m.get("train/skipped_nonfinite"):
-                        log.warning("%s step %d: non-finite loss or gradient; update skipped", self.stage, step)
+                    m.update(self._update(batch if isinstance(batch, list) else [batch], step))
                 else:
                     m["train/skipped_empty_batch"] = 1.0
                 m["timing_s/update_actor"] = time.perf_counter() - t1
