@@ -96,7 +96,10 @@ def test_daemon_started_by_the_cell_does_not_survive():
 
 
 def test_memory_bomb_fails_cleanly():
-    res = run_python("blocks = []\nwhile True:\n    blocks.append(bytearray(64 << 20))", SHORT)
+    # Zero-filling 512 MB took over 1 s of CPU on a loaded CI machine (SIGXCPU first), so the CPU limit
+    # here is generous: the memory limit is the one under test.
+    config = SandboxConfig(wall_time_s=10.0, cpu_time_s=8, memory_mb=512, max_processes=16)
+    res = run_python("blocks = []\nwhile True:\n    blocks.append(bytearray(64 << 20))", config)
     assert not res.ok and "MemoryError" in res.stderr
 
 
