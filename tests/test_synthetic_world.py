@@ -109,6 +109,19 @@ def test_expert_trajectories_answer_correctly_with_runnable_code(world):
             assert tool_msgs[-1]["content"] == q.answer
 
 
+def test_by_hand_expert_computes_correctly_in_text_without_python(world):
+    for q in world.questions:
+        msgs = envs.expert_trajectory(world, q, by_hand=True)
+        calls = [c["function"]["name"] for m in msgs if m["role"] == "assistant" for c in m.get("tool_calls", [])]
+        assert calls == ["search"] * len(q.terms)  # same lookups, no python call
+        assert re.findall(r"\\boxed\{([^{}]*)\}", msgs[-1]["content"]) == [q.answer]
+        if q.level > 1:
+            spoken = synthetic.expression([t.value for t in q.terms], q.ops, words=True)
+            assert f"{spoken} is {q.answer}." in msgs[-1]["content"]
+        else:  # nothing to compute: identical to the python expert
+            assert msgs == envs.expert_trajectory(world, q)
+
+
 def test_search_formatter_is_pluggable(world):
     q = world.questions[0]
     tools = envs.WorldTools(world, search_formatter=lambda query, docs: "|".join(d["id"] for d in docs))

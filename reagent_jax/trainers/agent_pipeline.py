@@ -16,6 +16,7 @@ import concurrent.futures
 import json
 import logging
 import os
+import random
 import time
 
 from reagent_jax import metrics as metrics_lib
@@ -65,9 +66,13 @@ def expert_conversations(ctx, registry, loop: AgentLoop, questions) -> list[list
     """Expert trajectories with the real tools' responses and the agent loop's own prompt."""
     system = loop.config.system_prompt
     real = envs.RegistryTools(registry)
+    fraction = ctx.config.sft.get("by_hand_fraction", 0.0)
+    rng = random.Random(ctx.config.seed)
+    by_hand = [rng.random() < fraction for _ in questions]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        return list(pool.map(lambda q: envs.expert_trajectory(ctx.world, q, tools=real, system_prompt=system),
-                             questions))
+        return list(pool.map(lambda q, h: envs.expert_trajectory(ctx.world, q, tools=real, system_prompt=system,
+                                                                 by_hand=h),
+                             questions, by_hand))
 
 
 def make_judge(ctx, registry):

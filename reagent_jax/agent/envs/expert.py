@@ -87,10 +87,16 @@ def applicable_flaws(question: Question) -> tuple[str, ...]:
 
 
 def expert_trajectory(
-    world: SyntheticWorld, question: Question, *, tools: WorldTools | None = None, system_prompt: str | None = None
+    world: SyntheticWorld, question: Question, *, tools: WorldTools | None = None, system_prompt: str | None = None,
+    by_hand: bool = False,
 ) -> list[dict[str, Any]]:
-    """Search each needed value, compute with python (levels 2-3), answer in \\boxed{}."""
-    return _trajectory(world, question, None, random.Random(0), tools, system_prompt)
+    """Search each needed value, compute with python (levels 2-3), answer in \\boxed{}.
+
+    by_hand: do the (correct) arithmetic in the text instead of calling python, as a teacher that can
+    compute in its head would. A small student imitating that guesses the number; the quickstart mixes
+    such demonstrations in so that GRPO has a tool-use habit to learn (see configs/quickstart.py).
+    """
+    return _trajectory(world, question, None, random.Random(0), tools, system_prompt, by_hand)
 
 
 def flawed_trajectory(
@@ -176,6 +182,7 @@ def _trajectory(
     rng: random.Random,
     tools: WorldTools | None,
     system_prompt: str | None,
+    by_hand: bool = False,
 ) -> list[dict[str, Any]]:
     tools = tools or WorldTools(world)
     topk = world.config.search_topk
@@ -213,14 +220,15 @@ def _trajectory(
         final_prefix = facts + " "
     else:
         code_ops = tuple(q.ops)
-        by_hand = False
         if flaw == "wrong_arithmetic":
             swapped = _wrong_ops(rng, used, q.ops) if rng.random() < 0.5 else None
             by_hand = swapped is None
             code_ops = swapped or code_ops
         spoken = expression(used, q.ops, words=True)
         if by_hand:
-            result = apply_ops(used, q.ops) + rng.choice((-1, 1)) * rng.randint(1, 20)
+            result = apply_ops(used, q.ops)
+            if flaw == "wrong_arithmetic":
+                result += rng.choice((-1, 1)) * rng.randint(1, 20)
             final_prefix = f"{facts} {spoken} is {result}. "
         else:
             code = f"print({expression(used, code_ops)})"
