@@ -30,4 +30,5 @@ def test_by_hand_fraction_mixes_demonstrations_deterministically(tmp_path):
     for q, c in zip(questions, convs):  # either way the expert's answer is right
         assert c[-1]["content"].endswith(f"\\boxed{{{q.answer}}}.")
     assert [not _uses_python(c) for c in _conversations(tmp_path, 0.5)[1]] == by_hand  # same seed, same mix
+    assert [not _uses_python(c) for c in _conversations(tmp_path, 0.5, seed=1)[1]] != by_hand
     assert all(_uses_python(c) for c in _conversations(tmp_path, 0.0)[1])
