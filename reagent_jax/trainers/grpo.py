@@ -166,7 +166,7 @@ def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strateg
             for b in batches:
                 b["ref_logprobs"] = np.asarray(policy_lp(ref_params, b["tokens"], b["attention_mask"]))
             m["timing_s/ref"] = time.perf_counter() - t1
-        return (batches if len(batches) > 1 else batches[0]), m
+        return batches, m
 
     out = runner.run(batch_fn)
     loop.engine.update_params(out)

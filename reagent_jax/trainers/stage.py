@@ -4,8 +4,9 @@ A stage supplies `batch_fn(step, params) -> (batch | [batch, ...] | None, metric
 applied as consecutive optimizer updates within the step (PPO mini-batches; their metrics are
 averaged). The data for `step` must be a pure function of (seed, step) and the current params,
 so a run killed at any point and resumed from its last checkpoint replays exactly what an
-uninterrupted run would have done. The runner owns the train state, its shardings, Orbax checkpoints (keep last N), metrics
-(JSONL + TensorBoard), the progress bar and the final params export.
+uninterrupted run would have done. The runner owns the train state, its shardings, Orbax
+checkpoints (keep last N), metrics (JSONL + TensorBoard), the progress bar and the final params
+export.
 """
 from __future__ import annotations
 
