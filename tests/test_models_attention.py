@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reagent_jax.models.qwen3 import attention_mask, causal_attention, causal_blocks
+from reagent_jax.models.qwen3 import attention_mask, causal_attention, causal_blocks, decode_step_values
 
 
 def numpy_attention(qg, k, v, mask, scale):
@@ -46,3 +46,18 @@ def test_matches_numpy_with_padding_and_gradients(t, g):
     blocked = lambda q_, k_, v_: jnp.sum(causal_attention(q_, k_, v_, mask, d ** -0.5) * w)
     for a, r in zip(jax.grad(blocked, (0, 1, 2))(qg, k, v), jax.grad(plain, (0, 1, 2))(qg, k, v)):
         np.testing.assert_allclose(a, r, atol=5e-5)
+
+
+@pytest.mark.parametrize("dtype,atol", [(np.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+def test_decode_step_values_match_numpy(dtype, atol):
+    """The one-query (decode) value mixing equals the plain einsum over cache + new token."""
+    b, s, nk, g, d = 3, 40, 2, 3, 16
+    rng = np.random.default_rng(1)
+    w = rng.random((b, nk, g, 1, s + 1)).astype(np.float32)
+    w /= w.sum(-1, keepdims=True)
+    cv, v = rng.normal(size=(b, s, nk, d)), rng.normal(size=(b, 1, nk, d))
+    ref = np.einsum("bkgts,bskd->btkgd", w[..., :s], cv) + np.einsum("bkgtu,bukd->btkgd", w[..., s:], v)
+    out = decode_step_values(jnp.asarray(w[..., :s]), jnp.asarray(cv, dtype), jnp.asarray(w[..., s:]),
+                             jnp.asarray(v, dtype))
+    assert out.shape == (b, 1, nk, g, d) and out.dtype == jnp.dtype(dtype)
+    np.testing.assert_allclose(np.asarray(out, np.float32), ref, atol=atol)

@@ -104,6 +104,23 @@ def causal_attention(qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
+def decode_step_values(p_old: jax.Array, cv: jax.Array, p_new: jax.Array, v: jax.Array) -> jax.Array:
+    """Attention output of one new token per row: weights p_old [b,k,g,1,s] over the cached
+    values cv [b,s,k,d] plus p_new [b,k,g,1,1] over the token's own value v [b,1,k,d] ->
+    [b,1,k,g,d] in v's dtype (fp32 accumulation).
+
+    Why not the einsums of the multi-token path: with one query these are [g, s] x [s, d]
+    mat-vecs, and XLA:CPU feeds its GEMM a [b,k,d,s] copy of the cache window, a strided
+    transpose per layer that cost as much as the rest of the layer. As a multiply-reduce over
+    s the cache is read once where it lies (decode step at bench-256 with a 4k vocabulary:
+    4.4 -> 3.9 ms)."""
+    f32 = jnp.float32
+    w_old = p_old[:, :, :, 0].transpose(0, 3, 1, 2)[..., None].astype(f32)  # [b,s,k,g,1]
+    out = (w_old * cv[:, :, :, None].astype(f32)).sum(1)  # [b,k,g,d]
+    out = out + p_new[:, :, :, 0, 0, None].astype(f32) * v[:, 0, :, None].astype(f32)
+    return out[:, None].astype(v.dtype)
+
+
 class Attention(nn.Module):
     cfg: Qwen3Config
     mesh: Optional[Mesh] = None
@@ -155,8 +172,11 @@ class Attention(nn.Module):
             m = jnp.maximum(s_old.max(-1), s_new.max(-1))[..., None]
             e_old, e_new = jnp.exp(s_old - m), jnp.exp(s_new - m)
             z = e_old.sum(-1, keepdims=True) + e_new.sum(-1, keepdims=True)
-            out = (jnp.einsum("bkgts,bskd->btkgd", (e_old / z).astype(dt), cv)
-                   + jnp.einsum("bkgtu,bukd->btkgd", (e_new / z).astype(dt), v))
+            if t == 1:
+                out = decode_step_values(e_old / z, cv, e_new / z, v)
+            else:
+                out = (jnp.einsum("bkgts,bskd->btkgd", (e_old / z).astype(dt), cv)
+                       + jnp.einsum("bkgtu,bukd->btkgd", (e_new / z).astype(dt), v))
         out = out.reshape(b, t, c.num_heads, c.head_dim)
         out = constrain(out, ("batch", "act_len", "act_heads", None), self.mesh, self.rules)
         y = jnp.einsum("bthd,hde->bte", out, wo.astype(dt))
