@@ -172,7 +172,7 @@ class Attention(nn.Module):
             m = jnp.maximum(s_old.max(-1), s_new.max(-1))[..., None]
             e_old, e_new = jnp.exp(s_old - m), jnp.exp(s_new - m)
             z = e_old.sum(-1, keepdims=True) + e_new.sum(-1, keepdims=True)
-            if t == 1:
+            if t == 1 and jax.default_backend() == "cpu":  # accelerators keep the einsums (measured on CPU only)
                 out = decode_step_values(e_old / z, cv, e_new / z, v)
             else:
                 out = (jnp.einsum("bkgts,bskd->btkgd", (e_old / z).astype(dt), cv)
