@@ -166,7 +166,8 @@ def test_sampling_without_truncation_code_draws_the_same_tokens():
 
 @pytest.mark.parametrize("tied,dtype", [(True, "float32"), (False, "float32"), (True, "bfloat16")])
 def test_sampling_logits_equal_the_models_projection(tied, dtype):
-    """The sampler's projection (a fused multiply-reduce for tied fp32 on CPU) gives the model's logits."""
+    """The sampler's projection (a fused multiply-reduce for tied fp32 on CPU) gives the model's
+    logits, vocabulary-major."""
     from reagent_jax.models.qwen3 import Qwen3
     from reagent_jax.rollout.kernels import sampling_logits
     cfg = models.preset("tiny", tie_word_embeddings=tied, compute_dtype=dtype)
@@ -174,5 +175,5 @@ def test_sampling_logits_equal_the_models_projection(tied, dtype):
     h = jax.random.normal(jax.random.PRNGKey(2), (5, cfg.hidden_size))
     ref = Qwen3(cfg).apply({"params": params}, h, method=Qwen3.project)
     out = jax.jit(sampling_logits, static_argnums=0)(cfg, params, h)
-    assert out.shape == (5, cfg.vocab_size) and out.dtype == jnp.float32
-    np.testing.assert_allclose(out, ref, atol=1e-5 if dtype == "float32" else 2e-2)
+    assert out.shape == (cfg.vocab_size, 5) and out.dtype == jnp.float32
+    np.testing.assert_allclose(out.T, ref, atol=1e-5 if dtype == "float32" else 2e-2)

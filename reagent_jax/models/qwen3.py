@@ -253,9 +253,6 @@ class Qwen3(nn.Module):
             self.lm_head = self.param("lm_head", _init(("embed", "vocab")), (c.hidden_size, c.vocab_size),
                                       c.jnp_param_dtype)
 
-    def output_matrix(self) -> jax.Array:
-        """[e, v] projection (the transposed embedding when tied)."""
-        return self.embedding.T if self.cfg.tie_word_embeddings else self.lm_head
 
     def __call__(self, tokens, positions, mask, cache=None, write_index=None, slot_ids=None,
                  return_hidden=False):
@@ -271,13 +268,18 @@ class Qwen3(nn.Module):
         h = self.final_norm(x)
         if return_hidden:
             return h, cache
-        logits = jnp.einsum("bte,ev->btv", h.astype(c.jnp_dtype), self.output_matrix().astype(c.jnp_dtype),
-                            preferred_element_type=jnp.float32)
-        logits = constrain(logits, ("batch", "act_len", "act_vocab"), self.mesh, self.rules)
+        logits = constrain(self.project(h), ("batch", "act_len", "act_vocab"), self.mesh, self.rules)
         return logits, cache
 
     def project(self, h):
-        """Hidden [.., e] -> fp32 logits [.., v]; used by chunked logprobs."""
+        """Hidden [.., e] -> fp32 logits [.., v] (also used by chunked logprobs and the sampler).
+
+        A tied embedding is contracted as stored, [v, e]: written as `embedding.T`, XLA:CPU
+        materialised the transposed (and, in bf16, converted) matrix in every call, which made
+        bf16 token logprobs 2x slower than fp32."""
         c = self.cfg
-        return jnp.einsum("...e,ev->...v", h.astype(c.jnp_dtype), self.output_matrix().astype(c.jnp_dtype),
-                          preferred_element_type=jnp.float32)
+        dt = c.jnp_dtype
+        if c.tie_word_embeddings:
+            return jnp.einsum("...e,ve->...v", h.astype(dt), self.embedding.astype(dt),
+                              preferred_element_type=jnp.float32)
+        return jnp.einsum("...e,ev->...v", h.astype(dt), self.lm_head.astype(dt), preferred_element_type=jnp.float32)

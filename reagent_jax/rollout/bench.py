@@ -28,7 +28,7 @@ from reagent_jax.models.functional import init_params
 from reagent_jax.models.hf_io import save_hf_checkpoint
 from reagent_jax.models.presets import preset
 from reagent_jax.rollout.engine import Engine
-from reagent_jax.rollout.sampling import SamplingParams, sample
+from reagent_jax.rollout.sampling import SamplingParams, sample_vocab_major
 
 
 def _model(cfg: Union[Qwen3Config, str]):
@@ -243,15 +243,16 @@ def continuous_vs_static(cfg: Union[Qwen3Config, str] = "bench-256", requests: i
 
 
 def sampler(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, iters: int = 5) -> dict:
-    """Milliseconds per `sample` call on random [batch, vocab] logits (median of `iters`), for
-    greedy, temperature, and top-p on a flat (random-init-like) and a peaked distribution. The
-    kernels compile `truncation=False` when no row truncates, as the engine does."""
+    """Milliseconds per sampler call on random vocabulary-major [vocab, batch] logits (median of
+    `iters`), as the kernels call it (`sample_vocab_major`), for greedy, temperature, and top-p on
+    a flat (random-init-like) and a peaked distribution. The kernels compile `truncation=False`
+    when no row truncates, as the engine does."""
     cfg = preset(cfg) if isinstance(cfg, str) else cfg
-    flat = jax.random.normal(jax.random.PRNGKey(0), (batch, cfg.vocab_size))
+    flat = jax.random.normal(jax.random.PRNGKey(0), (cfg.vocab_size, batch))
     ones, zeros = jnp.ones(batch), jnp.zeros(batch)
     rest = (jnp.zeros(batch, jnp.int32), jnp.arange(batch, dtype=jnp.uint32), jnp.full(batch, 70, jnp.int32))
-    plain = jax.jit(functools.partial(sample, truncation=False))
-    full = jax.jit(sample)
+    plain = jax.jit(functools.partial(sample_vocab_major, truncation=False))
+    full = jax.jit(sample_vocab_major)
     cases = {"greedy": (plain, flat, zeros, ones), "temperature_0.7": (plain, flat, zeros + 0.7, ones),
              "top_p_0.95_flat": (full, flat, zeros + 0.7, ones * 0.95),
              "top_p_0.95_peaked": (full, flat * 8.0, zeros + 0.7, ones * 0.95)}

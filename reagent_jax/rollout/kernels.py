@@ -26,7 +26,7 @@ from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.functional import forward_with_cache
 from reagent_jax.models.qwen3 import Qwen3
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain
-from reagent_jax.rollout.sampling import sample
+from reagent_jax.rollout.sampling import sample_vocab_major
 
 CACHE_AXES = ("layers", "cache_batch", "cache_len", "kv_heads", "head_dim")
 
@@ -71,17 +71,24 @@ def _pin_cache(cache, mesh, rules):
 
 def sampling_logits(cfg: Qwen3Config, params, h: jax.Array, mesh: Optional[Mesh] = None,
                     rules: Rules = DEFAULT_RULES) -> jax.Array:
-    """Final hidden states [B, E] -> fp32 logits [B, V] for the sampler (a few rows per call).
+    """Final hidden states [B, E] -> fp32 logits, vocabulary-major [V, B], for `sample_vocab_major`.
 
-    The values are the model's (`Qwen3.project`, fp32 accumulation). Only the loop differs where
-    that is measurably faster: on XLA:CPU with a tied fp32 embedding, a fused multiply-reduce that
-    writes [V, B] reads each embedding row once for all B rows: 11-13.5 ms vs 15-15.5 ms for the
-    GEMM at [16, 256] x [256, 151936], which packs the weight panel first (BENCHMARKS.md). An
-    untied [E, V] head gains nothing that way, and bf16 is faster as a GEMM: both keep it."""
-    if cfg.tie_word_embeddings and jnp.dtype(cfg.compute_dtype) == jnp.float32 and jax.default_backend() == "cpu":
-        w = params["embed"].astype(jnp.float32)  # [V, E]
-        return (w[:, None, :] * h.astype(jnp.float32)[None]).sum(-1).T  # [V, B] -> [B, V]
-    return Qwen3(cfg, mesh, rules).apply({"params": params}, h, method=Qwen3.project)
+    The values are the model's (`Qwen3.project`, fp32 accumulation); only the loop differs on
+    XLA:CPU. In fp32 there a fused multiply-reduce that writes [V, B] reads each weight row once
+    for all B rows: 11-13.5 ms vs 15-15.5 ms for the GEMM at [16, 256] x [256, 151936] with a tied
+    embedding, which packs the weight panel first (BENCHMARKS.md), and no slower than the GEMM
+    with an untied [E, V] head. bf16 is faster as a GEMM; its [B, V] output is transposed behind
+    an optimization barrier, since XLA:CPU would otherwise fold the transpose into the GEMM and
+    transpose the whole weight every step (2x slower decode, measured untied)."""
+    project = lambda: Qwen3(cfg, mesh, rules).apply({"params": params}, h, method=Qwen3.project)  # [B, V]
+    if jax.default_backend() != "cpu":
+        return project().T
+    if jnp.dtype(cfg.compute_dtype) == jnp.float32:
+        h32 = h.astype(jnp.float32)
+        if cfg.tie_word_embeddings:
+            return (params["embed"].astype(jnp.float32)[:, None, :] * h32[None]).sum(-1)  # [V,1,E]*[1,B,E] -> [V, B]
+        return (params["lm_head"].astype(jnp.float32)[:, :, None] * h32.T[:, None, :]).sum(0)  # [E,V,1]*[E,1,B]
+    return jax.lax.optimization_barrier(project()).T
 
 
 class Sampling(NamedTuple):
@@ -112,10 +119,10 @@ def prefill(cfg: Qwen3Config, params, cache, tokens: jax.Array, write_index: jax
                                  return_hidden=True)  # h [B, T, E]
     cache = tuple(c.at[:, slot_ids, :window].set(r, mode="drop") for c, r in zip(cache, rows))
     h_last = jnp.take_along_axis(h, last_index[:, None, None], axis=1)[:, 0]  # [B, E]
-    logits = sampling_logits(cfg, params, h_last, mesh, rules)  # [B, V]
+    logits = sampling_logits(cfg, params, h_last, mesh, rules)  # [V, B]
     positions = write_index + last_index + 1
-    tok, lp = sample(logits, sampling.temperature, sampling.top_p, sampling.top_k, sampling.seeds, positions,
-                     truncation=truncation)
+    tok, lp = sample_vocab_major(logits, sampling.temperature, sampling.top_p, sampling.top_k, sampling.seeds,
+                                 positions, truncation=truncation)
     return _pin_cache(cache, mesh, rules), tok, lp
 
 
@@ -163,8 +170,9 @@ def decode(cfg: Qwen3Config, params, cache, state: DecodeState, *, num_steps: in
         write = jnp.where(st.active, st.lengths, window)
         h, cache = forward_with_cache(cfg, params, st.tokens[:, None], cache, write, mesh=mesh, rules=rules,
                                       return_hidden=True)  # h [N, 1, E]
-        logits = sampling_logits(cfg, params, h[:, 0], mesh, rules)  # [N, V]
-        tok, lp = sample(logits, s.temperature, s.top_p, s.top_k, s.seeds, st.lengths + 1, truncation=truncation)
+        logits = sampling_logits(cfg, params, h[:, 0], mesh, rules)  # [V, N]
+        tok, lp = sample_vocab_major(logits, s.temperature, s.top_p, s.top_k, s.seeds, st.lengths + 1,
+                                     truncation=truncation)
         tok = jnp.where(st.active, tok, -1)
         out_tok = out_tok.at[i].set(tok)
         out_lp = out_lp.at[i].set(jnp.where(st.active, lp, 0.0))
