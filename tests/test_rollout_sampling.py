@@ -164,7 +164,7 @@ def test_sampling_without_truncation_code_draws_the_same_tokens():
     np.testing.assert_allclose(with_code[1], without[1], atol=1e-6)
 
 
-@pytest.mark.parametrize("tied,dtype", [(True, "float32"), (False, "float32"), (True, "bfloat16")])
+@pytest.mark.parametrize("tied,dtype", [(True, "float32"), (False, "float32"), (True, "bfloat16"), (False, "bfloat16")])
 def test_sampling_logits_equal_the_models_projection(tied, dtype):
     """The sampler's projection (a fused multiply-reduce for tied fp32 on CPU) gives the model's
     logits, vocabulary-major."""
