@@ -28,6 +28,9 @@ flags.DEFINE_integer("seq_len", 512, "Sequence length (forward / train_step).")
 flags.DEFINE_integer("prompt_len", 64, "Prompt tokens (rollout).")
 flags.DEFINE_integer("new_tokens", 64, "Generated tokens (rollout).")
 flags.DEFINE_integer("iters", 3, "Timed repetitions (median reported).")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                  "forward / rollout / train_step / grpo_step: compute dtype (weights stay fp32; the torch "
+                  "baselines run under the same dtype, bf16 as autocast). fp32 is the like-for-like CPU default.")
 flags.DEFINE_bool("baseline", True, "Also run the transformers/torch baseline where the mode has one.")
 flags.DEFINE_string("json_out", None, "Write the JSON result here too.")
 flags.DEFINE_string("workdir", None, "tools mode: a finished quickstart workdir (its SFT policy drives the "
@@ -40,17 +43,19 @@ def main(argv):
     cfg = models.preset(FLAGS.preset)
     if FLAGS.mode == "forward":
         from reagent_jax.models import bench
-        result = bench.run(cfg, batch=FLAGS.batch, seq_len=FLAGS.seq_len, iters=FLAGS.iters, with_torch=FLAGS.baseline)
+        result = bench.run(cfg, batch=FLAGS.batch, seq_len=FLAGS.seq_len, iters=FLAGS.iters, with_torch=FLAGS.baseline,
+                           dtype=FLAGS.dtype)
     elif FLAGS.mode == "rollout":
         from reagent_jax.rollout import bench
         result = bench.run(cfg, batch=FLAGS.batch, prompt_len=FLAGS.prompt_len, new_tokens=FLAGS.new_tokens,
-                           iters=FLAGS.iters, with_torch=FLAGS.baseline)
+                           iters=FLAGS.iters, with_torch=FLAGS.baseline, dtype=FLAGS.dtype)
     elif FLAGS.mode == "train_step":
         from reagent_jax.trainers import bench
-        result = bench.run_train_step(cfg, batch=FLAGS.batch, seq_len=FLAGS.seq_len, iters=FLAGS.iters)
+        result = bench.run_train_step(cfg, batch=FLAGS.batch, seq_len=FLAGS.seq_len, iters=FLAGS.iters,
+                                      dtype=FLAGS.dtype)
     elif FLAGS.mode == "grpo_step":
         from reagent_jax.trainers import bench
-        result = bench.run_grpo_step(cfg, iters=FLAGS.iters)
+        result = bench.run_grpo_step(cfg, iters=FLAGS.iters, dtype=FLAGS.dtype)
     elif FLAGS.mode == "serve":
         from reagent_jax.serve import bench
         result = bench.server_under_load(FLAGS.preset, clients=FLAGS.clients, prompt_len=FLAGS.prompt_len,

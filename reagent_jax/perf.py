@@ -33,10 +33,11 @@ def median(xs: list[float]) -> float:
 
 
 def matmul_peak_flops(n: int = 2048, dtype=jnp.float32, iters: int = 5) -> float:
-    """Median FLOP/s of an [n, n] x [n, n] matmul on the default device."""
+    """Median FLOP/s of an [n, n] x [n, n] matmul on the default device, accumulating in fp32
+    (XLA:CPU's bf16 matmul with a bf16 output is ~5x slower than with an fp32 one)."""
     a = jnp.ones((n, n), dtype)
     b = jnp.ones((n, n), dtype) * 0.5
-    f = jax.jit(lambda x, y: x @ y)
+    f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
     return 2.0 * n ** 3 / median(time_calls(lambda: f(a, b), iters=iters, warmup=2))
 
 
@@ -65,6 +66,25 @@ def set_torch_threads() -> None:
     import os
     import torch
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+
+
+BENCH_DTYPES = ("float32", "bfloat16")
+
+
+def check_bench_dtype(dtype: str) -> str:
+    if dtype not in BENCH_DTYPES:
+        raise ValueError(f"benchmark dtype {dtype!r} is not one of {BENCH_DTYPES}")
+    return dtype
+
+
+def torch_compute(dtype: str):
+    """Context for the torch baselines: fp32, or bf16 autocast over fp32 weights (what our
+    `param_dtype=float32, compute_dtype=bfloat16` does)."""
+    import contextlib
+    import torch
+    if check_bench_dtype(dtype) == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type="cpu", dtype=torch.bfloat16)
 
 
 def as_np(x) -> np.ndarray:

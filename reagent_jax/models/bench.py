@@ -1,7 +1,8 @@
 """Forward and forward+backward throughput of the JAX Qwen3 next to transformers (torch, CPU).
 
 Both sides get the same random weights (ours exported with `save_hf_checkpoint`, loaded by
-`Qwen3ForCausalLM`), the same batch and fp32. Forward = logits for every position; backward =
+`Qwen3ForCausalLM`), the same batch and the same dtype: fp32, or (dtype="bfloat16") fp32 weights
+with bf16 compute, torch under bf16 autocast. Forward = logits for every position; backward =
 gradient of the summed next-token log-likelihood w.r.t. all parameters.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ def _jax_side(cfg, params, tokens, iters):
     return perf.time_calls(fwd, iters), perf.time_calls(fb, iters)
 
 
-def _torch_side(cfg, params, tokens, iters):
+def _torch_side(cfg, params, tokens, iters, dtype):
     import torch
     from transformers import Qwen3ForCausalLM
     perf.set_torch_threads()
@@ -35,28 +36,32 @@ def _torch_side(cfg, params, tokens, iters):
     t = torch.tensor(np.asarray(tokens))
 
     def fwd():
-        with torch.no_grad():
+        with torch.no_grad(), perf.torch_compute(dtype):
             return model(t).logits
 
     def fb():
         model.zero_grad(set_to_none=True)
-        logits = model(t).logits[:, :-1]
+        with perf.torch_compute(dtype):
+            logits = model(t).logits[:, :-1].float()
         lp = torch.log_softmax(logits, -1).gather(-1, t[:, 1:, None]).sum()
         lp.backward()
 
     return perf.time_calls(fwd, iters), perf.time_calls(fb, iters)
 
 
-def run(cfg: Qwen3Config, batch: int = 4, seq_len: int = 512, iters: int = 3, with_torch: bool = True) -> dict:
-    cfg = cfg.replace(param_dtype="float32", compute_dtype="float32")
+def run(cfg: Qwen3Config, batch: int = 4, seq_len: int = 512, iters: int = 3, with_torch: bool = True,
+        dtype: str = "float32") -> dict:
+    """Forward and forward+backward tokens/s and MFU (against the measured matmul peak in `dtype`)."""
+    cfg = cfg.replace(param_dtype="float32", compute_dtype=perf.check_bench_dtype(dtype))
     params = init_params(cfg, jax.random.PRNGKey(0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, seq_len)), jnp.int32)
     n_tok = batch * seq_len
-    peak = perf.matmul_peak_flops()
+    peak = perf.matmul_peak_flops(dtype=jnp.dtype(dtype))
     f_times, fb_times = _jax_side(cfg, params, tokens, iters)
     flops_fwd = cfg.flops_per_token(seq_len) * n_tok
     out = {
         "shape": dict(hidden=cfg.hidden_size, layers=cfg.num_layers, vocab=cfg.vocab_size, batch=batch, seq_len=seq_len),
+        "dtype": dtype,
         "machine_matmul_peak_gflops": peak / 1e9,
         "jax_forward_tokens_per_s": n_tok / perf.median(f_times),
         "jax_fwd_bwd_tokens_per_s": n_tok / perf.median(fb_times),
@@ -64,7 +69,7 @@ def run(cfg: Qwen3Config, batch: int = 4, seq_len: int = 512, iters: int = 3, wi
         "jax_fwd_bwd_mfu": 3 * flops_fwd / perf.median(fb_times) / peak,
     }
     if with_torch:
-        tf, tfb = _torch_side(cfg, params, tokens, iters)
+        tf, tfb = _torch_side(cfg, params, tokens, iters, dtype)
         out.update({
             "torch_forward_tokens_per_s": n_tok / perf.median(tf),
             "torch_fwd_bwd_tokens_per_s": n_tok / perf.median(tfb),

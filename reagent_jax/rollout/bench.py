@@ -9,7 +9,8 @@
 
 Timings are medians over `iters` runs after one warm-up run (compiles excluded); on a shared
 CPU compare ratios rather than absolute numbers. Everything runs in fp32 by default so the
-torch CPU comparison is like for like.
+torch CPU comparison is like for like; dtype="bfloat16" keeps fp32 weights and computes in bf16
+(torch: bf16 autocast).
 """
 from __future__ import annotations
 
@@ -31,10 +32,10 @@ from reagent_jax.rollout.engine import Engine
 from reagent_jax.rollout.sampling import SamplingParams, sample_vocab_major
 
 
-def _model(cfg: Union[Qwen3Config, str]):
-    """fp32 (like the torch baseline) random weights for a config or a preset name."""
+def _model(cfg: Union[Qwen3Config, str], dtype: str = "float32"):
+    """Random fp32 weights (like the torch baseline) computing in `dtype`, for a config or a preset name."""
     cfg = preset(cfg) if isinstance(cfg, str) else cfg
-    cfg = cfg.replace(param_dtype="float32", compute_dtype="float32")
+    cfg = cfg.replace(param_dtype="float32", compute_dtype=perf.check_bench_dtype(dtype))
     return cfg, init_params(cfg, jax.random.PRNGKey(0))
 
 
@@ -59,9 +60,9 @@ def _engine_run(make: Callable[[], Engine], work: Callable[[Engine], object]) ->
 
 
 def throughput(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prompt_len: int = 64, new_tokens: int = 64,
-               decode_steps: int = 8, iters: int = 3, with_torch: bool = True) -> dict:
+               decode_steps: int = 8, iters: int = 3, with_torch: bool = True, dtype: str = "float32") -> dict:
     """Greedy generation of `new_tokens` for `batch` prompts: our engine vs transformers."""
-    cfg, params = _model(cfg)
+    cfg, params = _model(cfg, dtype)
     prompts = _prompts(cfg, batch, prompt_len)
     sp = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
     make = lambda: Engine(cfg, params, num_slots=batch, max_len=prompt_len + new_tokens, prefill_chunk=prompt_len,
@@ -71,6 +72,7 @@ def throughput(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prom
     st = r["stats"]
     out = {
         "shape": dict(hidden=cfg.hidden_size, layers=cfg.num_layers, vocab=cfg.vocab_size, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, decode_steps=decode_steps),
+        "dtype": dtype,
         "engine_tokens_per_s": batch * new_tokens / r["wall_s"],
         "engine_prefill_tokens_per_s": st["prefill_tokens"] / st["prefill_seconds"],
         "engine_decode_tokens_per_s": st["decode_tokens"] / st["decode_seconds"],
@@ -78,7 +80,7 @@ def throughput(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prom
         "engine_wall_s": r["wall_s"],
     }
     if with_torch:
-        hf = _transformers_generate(cfg, params, prompts, new_tokens, iters)
+        hf = _transformers_generate(cfg, params, prompts, new_tokens, iters, dtype)
         ours = [o.tokens for o in r["out"]]
         out.update(hf.pop("figures"))
         out["greedy_rows_identical_to_transformers"] = float(np.mean([a == b for a, b in zip(ours, hf["tokens"])]))
@@ -87,7 +89,7 @@ def throughput(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prom
     return out
 
 
-def _transformers_generate(cfg, params, prompts, new_tokens, iters) -> dict:
+def _transformers_generate(cfg, params, prompts, new_tokens, iters, dtype) -> dict:
     import torch
     from transformers import Qwen3ForCausalLM
     perf.set_torch_threads()
@@ -98,12 +100,12 @@ def _transformers_generate(cfg, params, prompts, new_tokens, iters) -> dict:
     mask = torch.ones_like(ids)
 
     def gen():
-        with torch.no_grad():
+        with torch.no_grad(), perf.torch_compute(dtype):
             return model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                   do_sample=False, use_cache=True, pad_token_id=0)
 
     def prefill():
-        with torch.no_grad():
+        with torch.no_grad(), perf.torch_compute(dtype):
             return model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
 
     t_gen = perf.median(perf.time_calls(gen, iters=iters, warmup=1))
@@ -118,13 +120,15 @@ def _transformers_generate(cfg, params, prompts, new_tokens, iters) -> dict:
 
 
 def roofline(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prompt_len: int = 64, new_tokens: int = 64,
-             decode_steps: int = 8, iters: int = 5) -> dict:
+             decode_steps: int = 8, iters: int = 5, dtype: str = "float32") -> dict:
     """Bound of one decode step = max(FLOPs / peak, bytes / bandwidth), where bytes = every
-    weight once + the KV cache the step attends over; the fraction of it reached. On a shared
-    machine every figure is the best of `iters` (least disturbed) run, measured interleaved."""
-    cfg, params = _model(cfg)
+    weight once + the KV cache the step attends over, both at the compute dtype's size (in bf16
+    the bound of an engine that holds bf16 weights); the peak is that of a matmul in `dtype`; the
+    fraction of it reached. On a shared machine every figure is the best of `iters` (least
+    disturbed) run, measured interleaved."""
+    cfg, params = _model(cfg, dtype)
     n = 2048
-    a, b = jnp.ones((n, n)), jnp.ones((n, n))
+    a, b = jnp.ones((n, n), dtype), jnp.ones((n, n), dtype)
     big = jnp.ones((64 * 1024 * 1024,))  # 256 MiB
     matmul, read = jax.jit(lambda x, y: x @ y), jax.jit(jnp.sum)
     prompts = _prompts(cfg, batch, prompt_len)
@@ -141,13 +145,14 @@ def roofline(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prompt
         t_step.append(st["decode_seconds"] / st["decode_steps"])
     peak, bw = 2.0 * n ** 3 / min(t_mm), big.size * 4 / min(t_rd)
     max_len = prompt_len + new_tokens
-    param_bytes = 4 * cfg.num_params()
-    kv_bytes = 2 * cfg.num_layers * batch * max_len * cfg.num_kv_heads * cfg.head_dim * 4
+    size = jnp.dtype(dtype).itemsize
+    param_bytes = size * cfg.num_params()
+    kv_bytes = 2 * cfg.num_layers * batch * max_len * cfg.num_kv_heads * cfg.head_dim * size
     flops = batch * cfg.flops_per_token(2 * max_len)  # attention over the whole cache row
-    head_flops, head_bytes = 2 * batch * cfg.hidden_size * cfg.vocab_size, 4 * cfg.hidden_size * cfg.vocab_size
+    head_flops, head_bytes = 2 * batch * cfg.hidden_size * cfg.vocab_size, size * cfg.hidden_size * cfg.vocab_size
     bound_s = max(flops / peak, (param_bytes + kv_bytes) / bw)
     return {
-        "machine_matmul_peak_gflops": peak / 1e9, "machine_read_bandwidth_gb_s": bw / 1e9,
+        "dtype": dtype, "machine_matmul_peak_gflops": peak / 1e9, "machine_read_bandwidth_gb_s": bw / 1e9,
         "decode_step_gflop": flops / 1e9, "decode_step_mb": (param_bytes + kv_bytes) / 1e6,
         "output_projection_share_of_flops": head_flops / flops,
         "output_projection_share_of_bytes": head_bytes / (param_bytes + kv_bytes),
@@ -159,11 +164,11 @@ def roofline(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prompt
 
 
 def decode_steps_sweep(cfg: Union[Qwen3Config, str] = "bench-256", steps: Sequence[int] = (1, 4, 16), batch: int = 16,
-                       prompt_len: int = 64, new_tokens: int = 64, iters: int = 3) -> dict:
+                       prompt_len: int = 64, new_tokens: int = 64, iters: int = 3, dtype: str = "float32") -> dict:
     """Decode tokens/s for several fused steps per host round trip."""
     out = {}
     for k in steps:
-        r = throughput(cfg, batch, prompt_len, new_tokens, k, iters, with_torch=False)
+        r = throughput(cfg, batch, prompt_len, new_tokens, k, iters, with_torch=False, dtype=dtype)
         out[f"decode_tokens_per_s@{k}"] = r["engine_decode_tokens_per_s"]
         out[f"tokens_per_s@{k}"] = r["engine_tokens_per_s"]
     out["speedup_fused_vs_1"] = out[f"tokens_per_s@{steps[-1]}"] / out[f"tokens_per_s@{steps[0]}"]
@@ -171,10 +176,10 @@ def decode_steps_sweep(cfg: Union[Qwen3Config, str] = "bench-256", steps: Sequen
 
 
 def multi_turn(cfg: Union[Qwen3Config, str] = "bench-256", trajectories: int = 8, turns: int = 8, prompt_len: int = 64,
-               turn_tokens: int = 16, tool_tokens: int = 48, iters: int = 3) -> dict:
+               turn_tokens: int = 16, tool_tokens: int = 48, iters: int = 3, dtype: str = "float32") -> dict:
     """Agent-like trajectories (turn_tokens drawn, then tool_tokens appended, `turns` times):
     appending into the live cache vs starting a fresh request with the whole history each turn."""
-    cfg, params = _model(cfg)
+    cfg, params = _model(cfg, dtype)
     prompts = _prompts(cfg, trajectories, prompt_len)
     tools = _prompts(cfg, trajectories * turns, tool_tokens, seed=1)
     sp = SamplingParams(temperature=0.0, max_new_tokens=turn_tokens)
@@ -218,10 +223,11 @@ def multi_turn(cfg: Union[Qwen3Config, str] = "bench-256", trajectories: int = 8
 
 
 def continuous_vs_static(cfg: Union[Qwen3Config, str] = "bench-256", requests: int = 24, slots: int = 8, prompt_len: int = 32,
-                         short_tokens: int = 12, long_every: int = 8, long_factor: int = 10, iters: int = 3) -> dict:
+                         short_tokens: int = 12, long_every: int = 8, long_factor: int = 10, iters: int = 3,
+                         dtype: str = "float32") -> dict:
     """Every `long_every`-th request draws long_factor x more tokens. Continuous batching refills
     freed slots at once; a static batch of `slots` requests waits for its longest member."""
-    cfg, params = _model(cfg)
+    cfg, params = _model(cfg, dtype)
     prompts = _prompts(cfg, requests, prompt_len)
     budgets = [short_tokens * (long_factor if i % long_every == 0 else 1) for i in range(requests)]
     sps = [SamplingParams(temperature=0.0, max_new_tokens=n) for n in budgets]
@@ -264,12 +270,14 @@ def sampler(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, iters: 
 
 
 def run(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prompt_len: int = 64, new_tokens: int = 64,
-        iters: int = 3, with_torch: bool = True) -> dict:
+        iters: int = 3, with_torch: bool = True, dtype: str = "float32") -> dict:
     """All rollout figures (launch/bench.py --mode=rollout): throughput vs transformers, the
-    roofline, fused-step sweep, multi-turn reuse, continuous vs static batching."""
-    return {"throughput": throughput(cfg, batch, prompt_len, new_tokens, iters=iters, with_torch=with_torch),
-            "roofline": roofline(cfg, batch, prompt_len, new_tokens, iters=max(iters, 3)),
-            "decode_steps_sweep": decode_steps_sweep(cfg, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, iters=iters),
-            "multi_turn": multi_turn(cfg, iters=iters),
-            "continuous_vs_static": continuous_vs_static(cfg, iters=iters),
+    roofline, fused-step sweep, multi-turn reuse, continuous vs static batching; in `dtype`
+    (the sampler always sees fp32 logits)."""
+    return {"throughput": throughput(cfg, batch, prompt_len, new_tokens, iters=iters, with_torch=with_torch, dtype=dtype),
+            "roofline": roofline(cfg, batch, prompt_len, new_tokens, iters=max(iters, 3), dtype=dtype),
+            "decode_steps_sweep": decode_steps_sweep(cfg, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens,
+                                                     iters=iters, dtype=dtype),
+            "multi_turn": multi_turn(cfg, iters=iters, dtype=dtype),
+            "continuous_vs_static": continuous_vs_static(cfg, iters=iters, dtype=dtype),
             "sampler": sampler(cfg, batch)}

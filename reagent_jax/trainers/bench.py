@@ -25,10 +25,11 @@ def _grpo_batch(cfg, b, t, rng):
 
 
 def run_train_step(cfg: Qwen3Config, batch: int = 4, seq_len: int = 512, iters: int = 3, micro_batches: int = 1,
-                   beta: float = 0.04) -> dict:
+                   beta: float = 0.04, dtype: str = "float32") -> dict:
     """Median step time of the GRPO update (policy + KL loss, AdamW) at this shape, and MFU against
-    the machine's measured matmul peak (model FLOPs = 3 x forward FLOPs)."""
-    cfg = cfg.replace(param_dtype="float32", compute_dtype="float32")
+    the machine's measured matmul peak in `dtype` (model FLOPs = 3 x forward FLOPs). Weights and
+    optimizer state are fp32; dtype="bfloat16" computes in bf16."""
+    cfg = cfg.replace(param_dtype="float32", compute_dtype=perf.check_bench_dtype(dtype))
     params = init_params(cfg, jax.random.PRNGKey(0))
     opt = make_optimizer(OptimizerConfig(learning_rate=1e-6))
     step = make_train_step(GRPOObjective(cfg, beta=beta), opt, num_micro_batches=micro_batches)
@@ -41,22 +42,23 @@ def run_train_step(cfg: Qwen3Config, batch: int = 4, seq_len: int = 512, iters: 
         return m
 
     times = perf.time_calls(one, iters=iters, warmup=1)
-    peak = perf.matmul_peak_flops()
+    peak = perf.matmul_peak_flops(dtype=jnp.dtype(dtype))
     n_tok = batch * seq_len
     flops = 3 * cfg.flops_per_token(seq_len) * n_tok
     t = perf.median(times)
     return {"shape": dict(hidden=cfg.hidden_size, layers=cfg.num_layers, vocab=cfg.vocab_size, batch=batch,
                           seq_len=seq_len),
-            "step_s": t, "tokens_per_s": n_tok / t, "model_tflops_per_s": flops / t / 1e12,
+            "dtype": dtype, "step_s": t, "tokens_per_s": n_tok / t, "model_tflops_per_s": flops / t / 1e12,
             "machine_matmul_peak_gflops": peak / 1e9, "mfu": flops / t / peak,
             "peak_memory_gb": perf.peak_memory_bytes() / 1e9}
 
 
 def run_grpo_step(cfg: Qwen3Config, prompts: int = 4, n: int = 4, prompt_len: int = 64, new_tokens: int = 64,
-                  beta: float = 0.04, iters: int = 3) -> dict:
-    """One full GRPO step, timed by phase: gen (engine), ref (reference logprobs), reward, update."""
+                  beta: float = 0.04, iters: int = 3, dtype: str = "float32") -> dict:
+    """One full GRPO step, timed by phase: gen (engine), ref (reference logprobs), reward, update;
+    fp32 weights computing in `dtype`."""
     from reagent_jax.rollout import Engine, SamplingParams
-    cfg = cfg.replace(param_dtype="float32", compute_dtype="float32")
+    cfg = cfg.replace(param_dtype="float32", compute_dtype=perf.check_bench_dtype(dtype))
     params = init_params(cfg, jax.random.PRNGKey(0))
     ref_params = jax.tree.map(jnp.copy, params)
     opt = make_optimizer(OptimizerConfig(learning_rate=1e-6))
@@ -100,5 +102,5 @@ def run_grpo_step(cfg: Qwen3Config, prompts: int = 4, n: int = 4, prompt_len: in
     total = sum(med.values())
     return {"workload": dict(prompts=prompts, n=n, prompt_len=prompt_len, new_tokens=new_tokens, beta=beta,
                              hidden=cfg.hidden_size, layers=cfg.num_layers, vocab=cfg.vocab_size),
-            "step_s": total, **{f"timing_s/{k}": v for k, v in med.items()},
+            "dtype": dtype, "step_s": total, **{f"timing_s/{k}": v for k, v in med.items()},
             "gen_tokens_per_s": prompts * n * new_tokens / med["gen"]}
