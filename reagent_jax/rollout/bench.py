@@ -130,7 +130,8 @@ def roofline(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prompt
     n = 2048
     a, b = jnp.ones((n, n), dtype), jnp.ones((n, n), dtype)
     big = jnp.ones((64 * 1024 * 1024,))  # 256 MiB
-    matmul, read = jax.jit(lambda x, y: x @ y), jax.jit(jnp.sum)
+    matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))  # as perf.matmul_peak_flops
+    read = jax.jit(jnp.sum)
     prompts = _prompts(cfg, batch, prompt_len)
     sp = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
     make = lambda: Engine(cfg, params, num_slots=batch, max_len=prompt_len + new_tokens, prefill_chunk=prompt_len,
