@@ -8,9 +8,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, Optional
 
 import jax.numpy as jnp
+import numpy as np
+
+from reagent_jax.models.rope import normalize_scaling, parse_hf_rope, rope_frequencies
 
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 
@@ -33,6 +36,9 @@ class Qwen3Config:
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = True
     max_position_embeddings: int = 40960
+    # Non-default RoPE: sorted (key, value) pairs of HF `rope_parameters` (a dict is accepted),
+    # () for plain RoPE; see models/rope.py. After the older fields so positional use still works.
+    rope_scaling: tuple = ()
     # JAX-side knobs (not part of the HF config).
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
@@ -42,6 +48,7 @@ class Qwen3Config:
     mlp_type: str = "dense"
 
     def __post_init__(self):
+        object.__setattr__(self, "rope_scaling", normalize_scaling(self.rope_scaling))
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.remat_policy not in REMAT_POLICIES:
@@ -64,6 +71,10 @@ class Qwen3Config:
         """Query heads per KV head (GQA)."""
         return self.num_heads // self.num_kv_heads
 
+    def rope_frequencies(self) -> tuple[Optional[np.ndarray], float]:
+        """(inv_freq or None for plain RoPE, cos/sin factor) of this config's RoPE type."""
+        return rope_frequencies(self.rope_scaling, self.rope_theta, self.head_dim)
+
     def replace(self, **kw) -> "Qwen3Config":
         return dataclasses.replace(self, **kw)
 
@@ -83,42 +94,71 @@ class Qwen3Config:
 
     # ---- HF interop -------------------------------------------------------------------------
     @classmethod
-    def from_hf_dict(cls, hf: dict[str, Any], **overrides) -> "Qwen3Config":
+    def from_hf_dict(cls, hf: dict[str, Any], source: str = "config.json", **overrides) -> "Qwen3Config":
+        """HF `config.json` dict -> config. `source` names the file in error messages.
+
+        Absent keys take transformers' Qwen3Config defaults (head_dim 128, rope_theta 1e4, untied),
+        so a config means here what it means to transformers. What this model does not implement
+        (biases, sliding windows, other RoPE types, MoE) raises naming the key, instead of loading
+        weights that would give different logits.
+        """
         mt = hf.get("model_type", "qwen3")
         if mt != "qwen3":
-            raise ValueError(f"config.json has model_type={mt!r}; only dense 'qwen3' is supported")
-        if hf.get("attention_bias", False):
-            raise ValueError("attention_bias=True is not a Qwen3 shape; not supported")
-        if hf.get("rope_scaling") not in (None, {}) and (hf.get("rope_scaling") or {}).get("rope_type", "default") != "default":
-            raise ValueError(f"rope_scaling={hf['rope_scaling']} is not supported yet")
-        heads = hf["num_attention_heads"]
-        rope = hf.get("rope_theta")
-        if rope is None:  # transformers >= 5 nests it in rope_parameters
-            rope = (hf.get("rope_parameters") or {}).get("rope_theta", 1_000_000.0)
+            hint = " (Mixture-of-Experts is not implemented)" if "moe" in str(mt) else ""
+            raise ValueError(f"{source}: model_type={mt!r}; only dense 'qwen3' is supported{hint}")
+        archs = hf.get("architectures") or []
+        if any(a not in _ARCHITECTURES for a in archs):
+            raise ValueError(f"{source}: architectures={archs}; only a causal LM ({_ARCHITECTURES[0]}) is supported")
+        if hf.get("quantization_config"):
+            method = (hf["quantization_config"] or {}).get("quant_method", "?")
+            raise NotImplementedError(f"{source}: quantized checkpoint (quant_method={method!r}) is not supported")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise NotImplementedError(f"{source}: hidden_act={hf['hidden_act']!r}; only 'silu' (SwiGLU) is implemented")
+        if hf.get("attention_bias"):
+            raise NotImplementedError(f"{source}: attention_bias=true (q/k/v/o projection biases) is not implemented")
+        layers = hf.get("num_hidden_layers", 32)
+        _check_layer_types(hf, layers, source)
+        theta, scaling = parse_hf_rope(hf, source)
+        heads, hidden = hf.get("num_attention_heads", 32), hf.get("hidden_size", 4096)
         kw = dict(
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
-            num_layers=hf["num_hidden_layers"],
+            vocab_size=hf.get("vocab_size", 151936),
+            hidden_size=hidden,
+            intermediate_size=hf.get("intermediate_size", 22016),
+            num_layers=layers,
             num_heads=heads,
-            num_kv_heads=hf.get("num_key_value_heads", heads),
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-            rope_theta=float(rope),
-            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            tie_word_embeddings=hf.get("tie_word_embeddings", False),
-            max_position_embeddings=hf.get("max_position_embeddings", 40960),
+            # absent -> transformers' class default; null -> derived, as transformers does
+            num_kv_heads=hf.get("num_key_value_heads", 32) or heads,
+            head_dim=hf.get("head_dim", 128) or hidden // heads,
+            rope_theta=theta,
+            rope_scaling=scaling,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            max_position_embeddings=hf.get("max_position_embeddings", 32768),
         )
         kw.update(overrides)
-        return cls(**kw)
+        try:
+            return cls(**kw)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
 
     @classmethod
     def from_hf_json(cls, path: str, **overrides) -> "Qwen3Config":
+        """`config.json` (or a directory holding one) -> config."""
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no HF config at {path} (expected a checkpoint directory with config.json)")
         with open(path) as f:
-            return cls.from_hf_dict(json.load(f), **overrides)
+            try:
+                hf = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} is not valid JSON: {e}") from None
+        return cls.from_hf_dict(hf, source=path, **overrides)
 
     def to_hf_dict(self) -> dict[str, Any]:
+        """HF `config.json` dict, readable by transformers 4.x (rope_theta/rope_scaling) and 5.x
+        (rope_parameters)."""
+        scaling = dict(self.rope_scaling) or None
         return {
             "architectures": ["Qwen3ForCausalLM"],
             "model_type": "qwen3",
@@ -131,12 +171,42 @@ class Qwen3Config:
             "head_dim": self.head_dim,
             "hidden_act": "silu",
             "rope_theta": self.rope_theta,
+            "rope_scaling": scaling,
+            "rope_parameters": {"rope_type": "default", **(scaling or {}), "rope_theta": self.rope_theta},
             "rms_norm_eps": self.rms_norm_eps,
             "tie_word_embeddings": self.tie_word_embeddings,
             "max_position_embeddings": self.max_position_embeddings,
             "attention_bias": False,
             "attention_dropout": 0.0,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": self.num_layers,
+            "layer_types": ["full_attention"] * self.num_layers,
             "bos_token_id": 151643,
             "eos_token_id": 151645,
             "torch_dtype": "float32" if self.param_dtype == "float32" else str(self.param_dtype),
         }
+
+
+_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3Model")
+_FULL, _SLIDING = ("full_attention", "attention"), "sliding_attention"
+
+
+def _check_layer_types(hf: dict[str, Any], layers: int, source: str) -> None:
+    """Raises unless every layer is full causal attention, read as transformers does: the window
+    only applies with use_sliding_window, to layer_types' sliding layers (by default the layers
+    from max_window_layers on)."""
+    window = hf.get("sliding_window") if hf.get("use_sliding_window", False) else None
+    types = hf.get("layer_types")
+    if types is None:
+        first = hf.get("max_window_layers", 28)
+        types = [_SLIDING if window is not None and i >= first else _FULL[0] for i in range(layers)]
+    unknown = sorted(set(types) - {*_FULL, _SLIDING})
+    if unknown:
+        raise NotImplementedError(f"{source}: layer_types {unknown} are not implemented (full attention only)")
+    if len(types) != layers:
+        raise ValueError(f"{source}: {len(types)} layer_types for num_hidden_layers={layers}")
+    sliding = [i for i, t in enumerate(types) if t == _SLIDING]
+    if sliding and window is not None:
+        raise NotImplementedError(f"{source}: sliding-window attention (use_sliding_window=true, "
+                                  f"sliding_window={window}, layers {sliding}) is not implemented")

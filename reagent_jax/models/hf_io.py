@@ -14,9 +14,12 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
+import warnings
 from typing import Callable, Optional
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy for safetensors)
 import numpy as np
 from jax.sharding import Mesh
@@ -28,6 +31,9 @@ from reagent_jax.models.functional import param_shapes, param_shardings
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules
 
 _LAYER = "model.layers.{i}."
+_WEIGHTS, _INDEX = "model.safetensors", "model.safetensors.index.json"
+_FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
+_IGNORED = re.compile(r"rotary_emb\.inv_freq$")  # a non-persistent buffer some old exports saved
 
 
 def _hf_layout(cfg: Qwen3Config):
@@ -62,30 +68,66 @@ def _norm(s: slice, n: int) -> tuple[int, int]:
 
 
 class _Reader:
-    """Lazy access to the tensors of a (possibly multi-file) safetensors checkpoint."""
+    """Lazy access to the tensors of a (possibly multi-file) safetensors checkpoint.
+
+    Files are picked as transformers picks them (model.safetensors, else the index); a directory
+    with neither falls back to all its *.safetensors files. Names saved from a bare `Qwen3Model`
+    (no "model." prefix, e.g. embedding checkpoints) are aliased to the causal-LM names.
+    """
 
     def __init__(self, path: str):
-        index = os.path.join(path, "model.safetensors.index.json")
-        if os.path.exists(index):
+        self.path = path
+        single, index = os.path.join(path, _WEIGHTS), os.path.join(path, _INDEX)
+        if os.path.isfile(single):
+            where = self._scan([single])
+        elif os.path.isfile(index):
             with open(index) as f:
-                self.where = {k: os.path.join(path, v) for k, v in json.load(f)["weight_map"].items()}
+                try:
+                    weight_map = json.load(f)["weight_map"]
+                except (ValueError, KeyError, TypeError) as e:
+                    raise ValueError(f"{index} is not a safetensors index (no weight_map): {e!r}") from None
+            where = {k: (os.path.join(path, v), k) for k, v in weight_map.items()}
+            lost = sorted({fn for fn, _ in where.values() if not os.path.isfile(fn)})
+            if lost:
+                raise FileNotFoundError(f"{index} lists shard files that do not exist: {lost}")
         else:
             files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
             if not files:
-                raise FileNotFoundError(f"no *.safetensors files in {path}")
-            self.where = {}
-            for fn in files:
-                with safe_open(fn, framework="np") as f:
-                    self.where.update({k: fn for k in f.keys()})
+                other = sorted(os.path.basename(f) for e in ("bin", "pt", "pth")
+                               for f in glob.glob(os.path.join(path, f"*.{e}")))
+                hint = f" (found {other}: only safetensors is read)" if other else ""
+                raise FileNotFoundError(f"no *.safetensors files in {path}{hint}")
+            where = self._scan(files)
+        if "model.embed_tokens.weight" not in where and "embed_tokens.weight" in where:
+            where = {(k if k.startswith(("model.", "lm_head.")) else "model." + k): v for k, v in where.items()}
+        self.where = where
         self._handles = {}
+
+    @staticmethod
+    def _scan(files: list[str]) -> dict[str, tuple[str, str]]:
+        where = {}
+        for fn in files:
+            try:
+                with safe_open(fn, framework="np") as f:
+                    keys = list(f.keys())
+            except Exception as e:  # safetensors raises its own error type for bad headers
+                raise ValueError(f"{fn} is not a readable safetensors file: {e}") from None
+            for k in keys:
+                if k in where:
+                    raise ValueError(f"tensor {k!r} is stored twice: in {where[k][0]} and {fn}")
+                where[k] = (fn, k)
+        return where
 
     def slice(self, name: str):
         if name not in self.where:
-            raise KeyError(f"tensor {name!r} missing from the checkpoint")
-        fn = self.where[name]
+            raise KeyError(f"tensor {name!r} is missing from the checkpoint in {self.path}")
+        fn, stored = self.where[name]
         if fn not in self._handles:
             self._handles[fn] = safe_open(fn, framework="np")
-        return self._handles[fn].get_slice(name)
+        try:
+            return self._handles[fn].get_slice(stored)
+        except Exception as e:
+            raise KeyError(f"tensor {stored!r} is not in {fn} (the index says it is): {e}") from None
 
     def close(self):
         self._handles.clear()
@@ -110,7 +152,12 @@ def _read_block(sl, kind: str, idx: list[tuple[int, int]], cfg: Qwen3Config, sha
     raise ValueError(kind)
 
 
-def _check_shape(sl, name, kind, target_shape, cfg):
+def _check_tensor(sl, name, kind, target_shape, hint=""):
+    """Raises ValueError naming the tensor when its shape or dtype cannot be these params."""
+    dtype = sl.get_dtype()
+    if dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"checkpoint tensor {name} has dtype {dtype}; expected one of {_FLOAT_DTYPES} "
+                         f"(quantized checkpoints are not supported)")
     got = tuple(sl.get_shape())
     if kind == "copy":
         want = tuple(target_shape)
@@ -121,7 +168,32 @@ def _check_shape(sl, name, kind, target_shape, cfg):
     else:
         want = (target_shape[2], target_shape[0] * target_shape[1])
     if got != want:
-        raise ValueError(f"checkpoint tensor {name} has shape {got}, config.json implies {want}")
+        raise ValueError(f"checkpoint tensor {name} has shape {got}, config.json implies {want}{hint}")
+
+
+def _check_tensors(reader: _Reader, layout, cfg: Qwen3Config, shapes) -> None:
+    """Every tensor the config needs has the right shape/dtype, in every layer. Unused tensors
+    under `model.` mean config.json and the weights disagree (biases, more layers, experts):
+    an error, since dropping them changes the model. Others (heads of other tasks, leftovers) are
+    ignored with a warning, as transformers does."""
+    hint = ""
+    with open(os.path.join(reader.path, "config.json")) as f:
+        if "head_dim" not in json.load(f):
+            hint = " (config.json has no head_dim; transformers' Qwen3 then uses 128, and so do we)"
+    expected = set()
+    for key, (template, kind) in layout.items():
+        shape = _leaf(shapes, key).shape
+        for i in range(cfg.num_layers) if key[0] == "layers" else [None]:
+            name = template.format(i=i) if i is not None else template
+            expected.add(name)
+            _check_tensor(reader.slice(name), name, kind, shape[1:] if i is not None else shape, hint)
+    extra = sorted(n for n in set(reader.where) - expected - {"lm_head.weight"} if not _IGNORED.search(n))
+    inside = [n for n in extra if n.startswith("model.")]
+    if inside:
+        raise ValueError(f"{reader.path}: tensors {inside[:4]}{' ...' if len(inside) > 4 else ''} have no place in the "
+                         f"model config.json describes (num_hidden_layers={cfg.num_layers}, no biases, dense MLP)")
+    if extra:
+        warnings.warn(f"{reader.path}: ignoring {len(extra)} tensor(s) a Qwen3ForCausalLM does not use: {extra[:4]}")
 
 
 def load_hf_checkpoint(path: str, dtype=None, mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES,
@@ -133,19 +205,26 @@ def load_hf_checkpoint(path: str, dtype=None, mesh: Optional[Mesh] = None, rules
     keyword overrides go to `Qwen3Config` (e.g. scan_layers, remat_policy). With a mesh each leaf
     is created directly with its target sharding, each device shard read from disk on its own.
     """
+    if not os.path.isdir(path):
+        if os.path.exists(path):
+            raise NotADirectoryError(f"{path} is a file; pass the checkpoint directory (config.json + *.safetensors)")
+        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
     dt = np.dtype(dtype if dtype is not None else np.float32).name
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise ValueError(f"dtype={dt}: parameters must be a floating dtype")
     config_overrides.setdefault("param_dtype", dt)
     config_overrides.setdefault("compute_dtype", dt)
-    cfg = Qwen3Config.from_hf_json(path, **config_overrides)
+    cfg = Qwen3Config.from_hf_json(os.path.join(path, "config.json"), **config_overrides)
     reader = _Reader(path)
     layout = _hf_layout(cfg)
     shapes = param_shapes(cfg)
     shardings = param_shardings(cfg, mesh, rules) if mesh is not None else None
     target_dtype = cfg.jnp_param_dtype
-    unknown = set(reader.where) - {t.format(i=i) for t, _ in layout.values() for i in range(cfg.num_layers)}
-    unknown -= {"lm_head.weight"}  # tied checkpoints sometimes store it anyway
-    if unknown:
-        raise ValueError(f"checkpoint has tensors this Qwen3 model does not use: {sorted(unknown)[:5]} ...")
+    try:
+        _check_tensors(reader, layout, cfg, shapes)
+    except BaseException:
+        reader.close()
+        raise
 
     def build(path_, leaf):
         key = _path_key(path_)
@@ -153,7 +232,6 @@ def load_hf_checkpoint(path: str, dtype=None, mesh: Optional[Mesh] = None, rules
         stacked = key[0] == "layers"
         shape = leaf.shape
         inner = shape[1:] if stacked else shape
-        _check_shape(reader.slice(template.format(i=0)), template.format(i=0), kind, inner, cfg)
 
         def block(index) -> np.ndarray:
             idx = [_norm(s, n) for s, n in zip(index, shape)]

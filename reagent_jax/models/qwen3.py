@@ -54,12 +54,18 @@ class RMSNorm(nn.Module):
         return (y * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotary embedding, HF `rotate_half` layout. x [b, t, n, d], positions [b, t]."""
+def rope(x: jax.Array, positions: jax.Array, theta: float, inv_freq=None, scale: float = 1.0) -> jax.Array:
+    """Rotary embedding, HF `rotate_half` layout. x [b, t, n, d], positions [b, t].
+
+    inv_freq [d/2] and scale (YaRN's factor on cos/sin) come from `Qwen3Config.rope_frequencies`
+    for scaled RoPE types; None means plain RoPE with base `theta`."""
     d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))  # [d/2]
-    ang = positions.astype(jnp.float32)[..., None] * inv_freq  # [b, t, d/2]
+    if inv_freq is None:
+        inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))  # [d/2]
+    ang = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)  # [b, t, d/2]
     cos, sin = jnp.cos(ang)[:, :, None, :], jnp.sin(ang)[:, :, None, :]
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
     x32 = x.astype(jnp.float32)
     x1, x2 = x32[..., : d // 2], x32[..., d // 2:]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
@@ -155,7 +161,9 @@ class Attention(nn.Module):
         v = _mm("bte,ekd->btkd", xd, wv.astype(dt))
         q = RMSNorm(c.head_dim, c.rms_norm_eps, pdt, axis="head_dim", name="q_norm")(q)
         k = RMSNorm(c.head_dim, c.rms_norm_eps, pdt, axis="head_dim", name="k_norm")(k)
-        q, k = rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta)
+        inv_freq, rope_scale = c.rope_frequencies()
+        q = rope(q, positions, c.rope_theta, inv_freq, rope_scale)
+        k = rope(k, positions, c.rope_theta, inv_freq, rope_scale)
         q = constrain(q, ("batch", "act_len", "act_heads", None), self.mesh, self.rules)
         k = constrain(k, ("batch", "act_len", "act_kv_heads", None), self.mesh, self.rules)
 

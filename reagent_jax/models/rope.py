@@ -1,0 +1,119 @@
+"""RoPE variants of HF `rope_parameters` / `rope_scaling`: parsing and inverse frequencies.
+
+Why host-side numpy: the scaled frequencies depend only on the (static, hashable) config, so they
+are computed once when a forward is traced and enter the graph as a constant. The formulas mirror
+transformers' `modeling_rope_utils` (fp32, same operation order) so logits match it.
+
+Implemented: "default", "linear" and "yarn" (the long-context recipe Qwen3 documents). "dynamic"
+and "longrope" change the frequencies with the length of each call, which a fixed KV cache cannot
+follow; they and the other types raise NotImplementedError instead of silently changing logits.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+SUPPORTED = ("default", "linear", "yarn")
+_KEYS = {  # keys kept per type (others in the HF dict do not change the frequencies)
+    "linear": ("factor",),
+    "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "mscale", "mscale_all_dim",
+             "beta_fast", "beta_slow", "truncate"),
+}
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def parse_hf_rope(hf: Mapping[str, Any], source: str = "config.json") -> tuple[float, tuple]:
+    """HF config dict -> (rope_theta, rope_scaling) with transformers' precedence.
+
+    transformers >= 5 keeps everything in `rope_parameters`; 4.x configs carry `rope_theta` and
+    `rope_scaling` at top level (`rope_scaling` wins when both are set; theta defaults to 1e4).
+    rope_scaling is a sorted tuple of (key, value) pairs; () means plain RoPE.
+    """
+    params = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"{source}: rope parameters must be a JSON object, got {params!r}")
+    nested = [k for k in params if k in _LAYER_TYPES]
+    if nested:  # per-layer-type RoPE: fine only when every layer type uses the same one
+        entries = [params[k] for k in nested if params[k] is not None]
+        if any(e != entries[0] for e in entries[1:]):
+            raise NotImplementedError(f"{source}: different RoPE per layer type ({params}) is not implemented")
+        params = entries[0] if entries else {}
+    theta = params.get("rope_theta", hf.get("rope_theta"))
+    theta = 10_000.0 if theta is None else float(theta)
+    partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+    if partial not in (None, 1, 1.0):
+        raise NotImplementedError(f"{source}: partial_rotary_factor={partial} is not implemented (full RoPE only)")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in SUPPORTED:
+        raise NotImplementedError(
+            f"{source}: rope_type={kind!r} is not implemented (supported: {', '.join(SUPPORTED)}); "
+            f"loading it as plain RoPE would silently change the logits")
+    if kind == "default":
+        return theta, ()
+    kw = {k: params[k] for k in _KEYS[kind] if params.get(k) is not None}
+    if kind == "linear" and "factor" not in kw:
+        raise ValueError(f"{source}: rope_type 'linear' needs a 'factor'")
+    if kind == "yarn":
+        # transformers: a top-level original_max_position_embeddings wins, else max_position_embeddings.
+        omax = hf.get("original_max_position_embeddings") or kw.get("original_max_position_embeddings")
+        kw["original_max_position_embeddings"] = int(omax or hf.get("max_position_embeddings", 32768))
+        if "factor" not in kw:
+            kw["factor"] = hf.get("max_position_embeddings", 32768) / kw["original_max_position_embeddings"]
+    return theta, normalize_scaling({"rope_type": kind, **kw})
+
+
+def normalize_scaling(scaling) -> tuple:
+    """dict, list of pairs (a JSON round trip of the tuple) or tuple -> sorted hashable tuple."""
+    if not scaling:
+        return ()
+    items = scaling.items() if isinstance(scaling, Mapping) else scaling
+    out = tuple(sorted((str(k), v) for k, v in items))
+    kind = dict(out).get("rope_type", "default")
+    if kind not in SUPPORTED:
+        raise NotImplementedError(f"rope_scaling rope_type={kind!r} is not implemented (supported: {SUPPORTED})")
+    need = {"linear": ("factor",), "yarn": ("factor", "original_max_position_embeddings")}.get(kind, ())
+    missing = [k for k in need if dict(out).get(k) is None]
+    if missing:
+        raise ValueError(f"rope_scaling {dict(out)} lacks {missing}")
+    return () if kind == "default" else out
+
+
+def rope_frequencies(rope_scaling: tuple, theta: float, head_dim: int) -> tuple[Optional[np.ndarray], float]:
+    """(inv_freq [head_dim/2] float32, or None for plain RoPE; factor on cos/sin)."""
+    s = dict(rope_scaling)
+    kind = s.get("rope_type", "default")
+    if kind == "default":
+        return None, 1.0
+    d = head_dim
+    pos_freqs = np.float32(theta) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d))
+    if kind == "linear":
+        return (np.float32(1.0) / pos_freqs) / np.float32(s["factor"]), 1.0
+    # yarn
+    factor, omax = s["factor"], s["original_max_position_embeddings"]
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attn = s.get("attention_factor")
+    if attn is None:
+        if s.get("mscale") and s.get("mscale_all_dim"):
+            attn = mscale(factor, s["mscale"]) / mscale(factor, s["mscale_all_dim"])
+        else:
+            attn = mscale(factor)
+    beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
+
+    def corr_dim(rotations):
+        return (d * math.log(omax / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(d // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+    extrap = np.float32(1) - ramp
+    inv = (np.float32(1) / (np.float32(factor) * pos_freqs)) * (1 - extrap) + (np.float32(1) / pos_freqs) * extrap
+    return inv.astype(np.float32), float(attn)
