@@ -3,6 +3,7 @@ train mode == trl's qwen3_training.jinja, exact loss masks, prefix property, age
 
 import os
 
+import numpy as np
 import pytest
 import trl
 
@@ -282,3 +283,66 @@ def test_bad_mode_and_tools(tok):
         chat.render(tok, [{"role": "user", "content": "x"}], mode="inference")
     with pytest.raises(ValueError, match=r"tools\[0\] is not JSON"):
         chat.render(tok, [{"role": "user", "content": "x"}], tools=[{"f": object()}])
+
+
+# ---- transformers' preprocessing, inputs the template mangles, randomized conversations -------
+
+USER = {"role": "user", "content": "q"}
+ORACLE_CASES = {  # found by fuzzing against apply_chat_template; each once diverged or crashed
+    "reasoning_alias": [USER, {"role": "assistant", "content": "c", "reasoning": "R"}],
+    "thinking_alias_before_tool": [USER, {"role": "assistant", "content": "", "thinking": "R",
+                                          "tool_calls": [call("search", {"query": "x"})]},
+                                   {"role": "tool", "content": "t"}],
+    "alias_behind_none": [USER, {"role": "assistant", "content": "c", "reasoning_content": None,
+                                 "reasoning": "R"}],
+    "reasoning_content_wins": [USER, {"role": "assistant", "content": "<think>x</think>c",
+                                      "reasoning_content": "", "reasoning": "R"}],
+    "numpy_scalars": [USER, {"role": "assistant", "content": "", "tool_calls": [call(
+        "search", {"n": np.int64(3), "f": np.float32(0.5), "b": np.bool_(True)})]}],
+    "arguments_string_raw_newline": [USER, {"role": "assistant", "content": "", "tool_calls": [
+        call("python", '{"code": "a\nb"}')]}],
+    "arguments_string_long_int": [USER, {"role": "assistant", "content": "", "tool_calls": [
+        call("python", '{"n": ' + "9" * 5000 + "}")]}],
+}
+
+
+@pytest.mark.parametrize("name", sorted(ORACLE_CASES))
+def test_transformers_preprocessing_matches_oracle(tok, name):
+    messages = ORACLE_CASES[name]
+    tools = [dict(TOOLS[0], extra=np.int64(1))]
+    for mode, template in (("original", ORIGINAL), ("train", TRAINING)):
+        r = chat.render(tok, messages, tools=tools, mode=mode)
+        assert r.text == oracle_text(tok, template, tools, messages, False, True)
+        assert masked_runs(tok, r) == assistant_bodies(r.text, True)
+
+
+def assistant_with_call(name, args):
+    return [USER, {"role": "assistant", "content": "", "tool_calls": [call(name, args)]}]
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    # transformers raises; the bare template would print the dict's keys or the strings
+    ({"tools": {"type": "function"}}, TypeError, "tools must be a list"),
+    ({"tools": ["search"]}, TypeError, r"tools\[0\] must be a function schema"),
+    # the template tests `enable_thinking is false`: 0 and None would silently mean thinking
+    ({"enable_thinking": 0, "add_generation_prompt": True}, TypeError, "True or False, got 0"),
+    ({"enable_thinking": None}, TypeError, "True or False, got None"),
+    # the template writes names verbatim inside "...": {"name": "a"b", ...} is broken JSON
+    ({"messages": assistant_with_call('a"b', {})}, ValueError, "contains '\"'"),
+    ({"messages": assistant_with_call("a\nb", {})}, ValueError, r"contains '\\n'"),
+    # text the tokenizer cannot encode (it raises an opaque TypeError)
+    ({"messages": [{"role": "user", "content": "a\ud800b"}]}, ValueError,
+     r"messages\[0\] \(role 'user'\) content: lone surrogate '\\ud800' at char 1"),
+    ({"messages": assistant_with_call("f", {"x": "\udc00"})}, ValueError, "lone surrogate"),
+    ({"messages": assistant_with_call("f", '{"x": ' + "[" * 50000 + "]" * 50000 + "}")},
+     ValueError, r"tool_calls\[0\]: arguments string must hold a JSON object \(it is nested"),
+    ({"messages": assistant_with_call("f", "[1]")}, ValueError, "it is not an object"),
+    ({"messages": assistant_with_call("f", {"x": object()})}, ValueError,
+     r"tool_calls\[0\]: arguments is not JSON-serialisable"),
+    ({"messages": [USER, {"role": "assistant", "content": "c", "reasoning": 3}]}, ValueError,
+     r"messages\[1\] \(role 'assistant'\): reasoning must be a string"),
+])
+def test_inputs_the_template_mangles_raise_clear_errors(tok, kwargs, error, match):
+    kwargs = {"messages": [USER], **kwargs}
+    with pytest.raises(error, match=match):
+        chat.render(tok, **kwargs)

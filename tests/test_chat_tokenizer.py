@@ -1,6 +1,7 @@
 """Tokenizers: the real Qwen3 one (oracle: tiktoken on the same ranks, known ids) and the compact one."""
 
 import json
+import unicodedata
 
 import pytest
 import tiktoken
@@ -27,6 +28,11 @@ ROUND_TRIP_SAMPLES = [
     "numbers 1234567890 3.14159e-10 0x1F",
     "it's they're we've I'm you'll he'd IT'S",
     "<|im_start|>user\nhi<|im_end|>\n<think>\nx\n</think>\n\n<tool_call>\n{}\n</tool_call>",
+    "Bidi: \u202eevil\u202c \u2067שלום\u2069 \u200e\u200f\u061c",
+    "Controls: \x00\x01\x07\x08\x0b\x0c\x1b[31m\x7f\x85\u2028\u2029 NUL\x00",
+    "Whitespace runs: " + " " * 3000 + "\n" * 300 + "\t" * 100 + "\r\n" * 50 + "\u3000\u00a0end",
+    "Marks: Z\u0336\u0337a\u0338 \u0915\u094d\u0937 \u1100x \ufeff \U0001F3F3\uFE0F\u200D\U0001F308",
+    "Private/nonchar: \ue000\U0010fffd\ufffe\uffff \U0001d518\ufffd",
 ]
 
 
@@ -86,9 +92,14 @@ def test_skip_special_tokens_follows_qwen3_flags(qwen_tok):
         "assistant\n<think>\nr\n</think>\n\n<tool_call>\n{}\n</tool_call>")
 
 
-def test_input_is_nfc_normalized(qwen_tok):
-    decomposed = "cafe\u0301"  # e + combining acute
-    assert qwen_tok.decode(qwen_tok.encode(decomposed, add_special_tokens=False)) == "caf\u00e9"
+@pytest.mark.parametrize("text", ["cafe\u0301", "a\u0323\u0301\u0308", "a\u0301\u0323",
+                                  "\u212b \u2126 \u212a", "\u1100\u1161\u11a8", "q\u0307\u0323"])
+def test_input_is_nfc_normalized(qwen_tok, text):
+    # Like Qwen3's own tokenizer.json (normalizer NFC): non-NFC text comes back composed.
+    assert not unicodedata.is_normalized("NFC", text)
+    ids = qwen_tok.encode(text, add_special_tokens=False)
+    assert qwen_tok.decode(ids) == unicodedata.normalize("NFC", text)
+    assert ids == qwen_tok.encode(unicodedata.normalize("NFC", text), add_special_tokens=False)
 
 
 def test_save_load_round_trip(qwen_tok, tmp_path):

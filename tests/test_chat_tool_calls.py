@@ -79,6 +79,26 @@ MALFORMED = [
     ("stray close", 'done</tool_call>', [tc.UNEXPECTED_CLOSE_TAG]),
     ("good, bad, good", block('{"name": "a", "arguments": {}}') + block('{"name": "b" "arguments": {}}')
      + block('{"name": "c", "arguments": {}}'), [None, tc.MALFORMED_JSON, None]),
+    # Hostile input: these once raised RecursionError / ValueError or were silently accepted.
+    ("deep nesting", block('{"name": "f", "arguments": {"x": ' + "[" * 100000 + "]" * 100000 + "}}"),
+     [tc.MALFORMED_JSON]),
+    ("deep unclosed", block("[" * 100000), [tc.MALFORMED_JSON]),
+    ("deep in string arguments", block('{"name": "f", "arguments": "' + "[" * 50000 + '"}'),
+     [tc.ARGUMENTS_NOT_OBJECT]),
+    ("5000-digit int", block('{"name": "f", "arguments": {"x": ' + "9" * 5000 + "}}"),
+     [tc.MALFORMED_JSON]),
+    ("5000-digit int in string arguments",
+     block('{"name": "f", "arguments": "{\\"x\\": ' + "9" * 5000 + '}"}'), [tc.ARGUMENTS_NOT_OBJECT]),
+    ("NaN", block('{"name": "f", "arguments": {"x": NaN}}'), [tc.MALFORMED_JSON]),
+    ("-Infinity", block('{"name": "f", "arguments": {"x": -Infinity}}'), [tc.MALFORMED_JSON]),
+    ("duplicate name", block('{"name": "a", "name": "b", "arguments": {}}'), [tc.MALFORMED_JSON]),
+    ("duplicate argument", block('{"name": "a", "arguments": {"x": 1, "x": 2}}'), [tc.MALFORMED_JSON]),
+    ("name with quote", block('{"name": "a\\"b", "arguments": {}}'), [tc.INVALID_NAME]),
+    ("name with newline", block('{"name": "a\\nb", "arguments": {}}'), [tc.INVALID_NAME]),
+    ("padded name", block('{"name": " search", "arguments": {}}'), [tc.INVALID_NAME]),
+    ("surrogate name", block('{"name": "\\ud800", "arguments": {}}'), [tc.INVALID_NAME]),
+    ("surrogate argument", block('{"name": "f", "arguments": {"x": ["\\udc00"]}}'),
+     [tc.INVALID_UNICODE]),
 ]
 
 
@@ -103,6 +123,32 @@ def test_json_error_message_is_actionable():
         pos, msg = e.pos, e.msg
     assert err.message.startswith(f"tool call 2: invalid JSON at char {pos} (near ")
     assert f"): {msg}. {HINT}" in err.message
+
+
+@pytest.mark.parametrize("body,expected", [
+    ('{"name": "f", "arguments": {"x": NaN}}',
+     "invalid JSON at char 33 (near '{\"x\": NaN}}'): NaN is not valid JSON; use a number"),
+    ('{"name": "f", "arguments": {"x": ' + "9" * 5000 + "}}",
+     "invalid JSON at char 33 (near '{\"x\": 999999999999'): a number with 5000 digits is too long"),
+    ('{"name": "f", "arguments": {"x": 1, "x": 2}}', 'invalid JSON: duplicate key "x"'),
+    ('{"name": "f", "arguments": ' + "[" * 100000 + "}", "invalid JSON: nested too deeply"),
+    ('{"name": "a\\"b", "arguments": {}}', 'got "a\\"b", which contains \'"\''),
+    ('{"name": "f", "arguments": {"k": [1, "\\udc00"]}}',
+     "arguments[\"k\"][1] holds a lone surrogate '\\udc00' at char 0"),
+])
+def test_hostile_input_messages_say_what_and_where(body, expected):
+    [e] = chat.parse_tool_calls(block(body))
+    assert e.message.startswith("tool call 1") and expected in e.message
+    e.message.encode("utf-8")  # the message goes back to the model: it must tokenize
+
+
+@pytest.mark.parametrize("text", ["</tool_call>" * 100000, "<tool_call>" * 100000,
+                                  "<tool_call>" * 50000 + "</tool_call>",
+                                  "<tool_call></tool_call>" * 50000])
+def test_many_tags_are_each_reported(text):
+    # Tags are found in one pass: the old per-tag rescans took ~35 s here (not timed: no timed tests).
+    items = chat.parse_tool_calls(text)
+    assert len(items) in (50000, 100000) and items[-1].end <= len(text)
 
 
 def test_messages_name_the_fix():
@@ -171,3 +217,5 @@ def test_parses_what_the_renderer_writes(compact_tok, content, calls):
 def test_rejects_non_string():
     with pytest.raises(TypeError, match="must be a string"):
         chat.parse_tool_calls(None)
+    with pytest.raises(TypeError, match="not a string"):
+        chat.parse_tool_calls(block('{"name": "sea", "arguments": {}}'), tool_names="search")

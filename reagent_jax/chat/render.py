@@ -44,6 +44,16 @@ and only they give every token a single author. Elsewhere they equal `tok.encode
 Message content is inserted verbatim, like the template does: text that spells a control token
 (e.g. a user writing `<|im_end|>`) is encoded as that control token, as `apply_chat_template` +
 `encode` would. The tokenizer NFC-normalizes, so `decode(ids) == text` only for NFC text.
+
+The oracle is the template as transformers (>= 5) renders it: keys whose value is None count as
+absent, reasoning may come as `reasoning_content`, `thinking` or `reasoning` (vLLM's name), first
+non-None wins, and numpy scalars serialise as Python numbers. Where the template would render
+nonsense we raise ValueError/TypeError naming the message instead: non-string content (the
+template silently drops it), unknown roles (silently dropped), tools that are not a list of dicts,
+non-bool `enable_thinking` (`0` would mean thinking to the template), function names that break
+the `{"name": "..."}` JSON, arguments that are not a JSON object, lone surrogates (untokenizable).
+Lenient where the template errors: a missing `arguments` renders as `{}`, a None system prompt
+as an empty one.
 """
 
 from __future__ import annotations
@@ -53,12 +63,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 Message = Mapping[str, Any]
 Mode = Literal["original", "train"]
 
 _ROLES = ("system", "user", "assistant", "tool")
+_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")  # transformers' aliases, in order
 _EMPTY_THINK = "<think>\n\n</think>\n\n"
 _TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
                  "You are provided with function signatures within <tools></tools> XML tags:\n"
@@ -81,9 +93,32 @@ class Rendered:
         return len(self.ids)
 
 
+def _numpy_scalar(value: Any) -> Any:
+    if isinstance(value, np.generic):  # transformers hands the template plain Python scalars
+        return value.item()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def tojson(value: Any) -> str:
     """The template's `tojson` as transformers defines it (non-ASCII kept, default separators)."""
-    return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, ensure_ascii=False, default=_numpy_scalar)
+
+
+def _tojson_at(value: Any, where: str) -> str:
+    try:
+        return tojson(value)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise ValueError(f"{where} is not JSON-serialisable: {e}") from None
+
+
+def _check_unicode(text: str, where: str) -> None:
+    """Lone surrogates are not text: the tokenizer would fail with an opaque TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{where}: lone surrogate {text[e.start]!r} at char {e.start} (near "
+                         f"{text[max(0, e.start - 20):e.start + 20]!r}); text must be valid "
+                         "Unicode") from None
 
 
 def _where(i: int, msg: Message) -> str:
@@ -100,6 +135,12 @@ def _content(msg: Message, i: int) -> str:
     return content
 
 
+def _reasoning_field(msg: Message) -> tuple[str, Any]:
+    """(key, value) of the first non-None reasoning key, as transformers picks it."""
+    return next(((k, msg[k]) for k in _REASONING_KEYS if msg.get(k) is not None),
+                ("reasoning_content", None))
+
+
 def _validate(messages: Sequence[Message]) -> None:
     if isinstance(messages, (str, Mapping)) or not isinstance(messages, Sequence):
         raise TypeError(f"messages must be a list of message dicts, got {type(messages).__name__}")
@@ -108,20 +149,28 @@ def _validate(messages: Sequence[Message]) -> None:
             raise TypeError(f"messages[{i}] must be a dict, got {type(msg).__name__}")
         if msg.get("role") not in _ROLES:
             raise ValueError(f"messages[{i}]: role must be one of {_ROLES}, got {msg.get('role')!r}")
-        _content(msg, i)
-        rc = msg.get("reasoning_content")
+        _check_unicode(_content(msg, i), f"{_where(i, msg)} content")
+        key, rc = _reasoning_field(msg)
         if rc is not None and not isinstance(rc, str):
-            raise ValueError(f"{_where(i, msg)}: reasoning_content must be a string or None")
+            raise ValueError(f"{_where(i, msg)}: {key} must be a string or None")
+        if rc is not None:
+            _check_unicode(rc, f"{_where(i, msg)} {key}")
 
 
 def _split_reasoning(msg: Message, content: str) -> tuple[str, str]:
     """(reasoning, content) the way the template derives them."""
-    if isinstance(msg.get("reasoning_content"), str):
-        return msg["reasoning_content"], content
+    _, reasoning = _reasoning_field(msg)
+    if isinstance(reasoning, str):
+        return reasoning, content
     if "</think>" in content:
         reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
         return reasoning, content.split("</think>")[-1].lstrip("\n")
     return "", content
+
+
+# Checks only the shape of an arguments string (control characters in strings allowed, as the
+# parser allows them; integers kept as text so no length limit applies).
+_ARGS_CHECK = json.JSONDecoder(strict=False, parse_int=str)
 
 
 def _tool_call_text(call: Any, where: str) -> str:
@@ -134,17 +183,24 @@ def _tool_call_text(call: Any, where: str) -> str:
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError(f"{where}: function name must be a non-empty string, got {name!r}")
+    bad = next((c for c in name if c in '"\\' or ord(c) < 0x20), None)
+    if bad is not None:  # the template writes the name verbatim inside "...": broken JSON
+        raise ValueError(f"{where}: function name {name!r} contains {bad!r}, which the template "
+                         "would write unescaped into the call's JSON")
     args = fn.get("arguments", {})
     if isinstance(args, str):
         try:  # emitted verbatim (as the template does), but it must be a JSON object
-            ok = isinstance(json.loads(args), dict)
-        except json.JSONDecodeError:
-            ok = False
+            ok, why = isinstance(_ARGS_CHECK.decode(args), dict), "it is not an object"
+        except json.JSONDecodeError as e:
+            ok, why = False, f"{e.msg} at char {e.pos}"
+        except RecursionError:
+            ok, why = False, "it is nested too deeply to check"
         if not ok:
-            raise ValueError(f"{where}: arguments string must be a JSON object, got {args[:80]!r}")
+            raise ValueError(f"{where}: arguments string must hold a JSON object ({why}), "
+                             f"got {args[:80]!r}")
         args_text = args
     elif isinstance(args, Mapping):
-        args_text = tojson(dict(args))
+        args_text = _tojson_at(dict(args), f"{where}: arguments")
     else:
         raise ValueError(f"{where}: arguments must be a dict or a JSON string, "
                          f"got {type(args).__name__}")
@@ -212,6 +268,20 @@ def _message_segments(messages: Sequence[Message], *, mode: Mode, enable_thinkin
     return segments
 
 
+def _check_tools(tools: Any) -> None:
+    """transformers rejects what is not a list of dicts; the template would print dict keys."""
+    if tools is None:
+        return
+    if isinstance(tools, (str, Mapping)) or not isinstance(tools, Sequence):
+        raise TypeError("tools must be a list of function schemas (dicts), "
+                        f"got {type(tools).__name__}")
+    for k, tool in enumerate(tools):
+        if not isinstance(tool, Mapping):
+            hint = " (use transformers.utils.get_json_schema)" if callable(tool) else ""
+            raise TypeError(f"tools[{k}] must be a function schema (dict), "
+                            f"got {type(tool).__name__}{hint}")
+
+
 def _header(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None) -> str:
     has_system = bool(messages) and messages[0]["role"] == "system"
     if tools:
@@ -220,10 +290,7 @@ def _header(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | No
             text += _content(messages[0], 0) + "\n\n"
         text += _TOOLS_HEADER
         for k, tool in enumerate(tools):
-            try:
-                text += "\n" + tojson(tool)
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"tools[{k}] is not JSON-serialisable: {e}") from e
+            text += "\n" + _tojson_at(tool, f"tools[{k}]")
         return text + _TOOLS_FOOTER
     if has_system:
         return "<|im_start|>system\n" + _content(messages[0], 0) + "<|im_end|>\n"
@@ -236,6 +303,8 @@ def _generation_prompt(enable_thinking: bool) -> str:
 
 def _tokenize(tok: PreTrainedTokenizerBase, segments: list[tuple[str, bool]]) -> Rendered:
     segments = [(text, trainable) for text, trainable in segments if text]
+    for text, _ in segments:  # tools and tool-call arguments were not checked by _validate
+        _check_unicode(text, "rendered text (tools or tool-call arguments)")
     if not segments:
         return Rendered([], [], "")
     encoded = tok([text for text, _ in segments], add_special_tokens=False)["input_ids"]
@@ -247,9 +316,12 @@ def _tokenize(tok: PreTrainedTokenizerBase, segments: list[tuple[str, bool]]) ->
     return Rendered(ids, mask, "".join(text for text, _ in segments))
 
 
-def _check_mode(mode: str) -> None:
+def _check_mode(mode: str, enable_thinking: Any) -> None:
     if mode not in ("original", "train"):
         raise ValueError(f"mode must be 'original' or 'train', got {mode!r}")
+    if not isinstance(enable_thinking, bool):
+        raise TypeError(f"enable_thinking must be True or False, got {enable_thinking!r} (the "
+                        "template tests `is false`, so only False turns thinking off)")
 
 
 def render(tok: PreTrainedTokenizerBase, messages: Sequence[Message],
@@ -261,10 +333,12 @@ def render(tok: PreTrainedTokenizerBase, messages: Sequence[Message],
     `tools`: OpenAI-style function schemas, listed in the system turn. Assistant `tool_calls`
     items are `{"type": "function", "function": {"name", "arguments"}}` or flat
     `{"name", "arguments"}`, arguments a dict or a JSON-object string (emitted verbatim).
-    Reasoning comes from `reasoning_content` or from `<think>...</think>` inside `content`.
+    Reasoning comes from `reasoning_content` (or its aliases `thinking`, `reasoning`, as in
+    transformers) or from `<think>...</think>` inside `content`.
     See the module docstring for `mode` and `enable_thinking`.
     """
-    _check_mode(mode)
+    _check_mode(mode, enable_thinking)
+    _check_tools(tools)
     _validate(messages)
     if not messages:
         raise ValueError("render: messages is empty")
@@ -290,6 +364,7 @@ def render_suffix(tok: PreTrainedTokenizerBase, new_messages: Sequence[Message],
     The rollout engine uses this to append tool results or critiques as tokens after a sampled
     turn (see `close_assistant_turn`) without re-rendering the history.
     """
+    _check_mode("train", enable_thinking)
     _validate(new_messages)
     segments = _message_segments(new_messages, mode="train", enable_thinking=enable_thinking,
                                  starts_conversation=False)
