@@ -14,6 +14,9 @@ from reagent_jax.rollout.kernels import DecodeState, Sampling, bucket
 from reagent_jax.rollout.session import Session
 
 
+_INT32_MAX = int(np.iinfo(np.int32).max)  # top_k / budgets beyond it mean the same as it (no limit)
+
+
 def _sampling_arrays(sessions: Sequence[Optional[Session]]) -> Sampling:
     n = len(sessions)
     temp = np.zeros(n, np.float32)
@@ -23,7 +26,7 @@ def _sampling_arrays(sessions: Sequence[Optional[Session]]) -> Sampling:
     for i, s in enumerate(sessions):
         if s is not None:
             sp = s.sampling
-            temp[i], top_p[i], top_k[i], seeds[i] = sp.temperature, sp.top_p, sp.top_k, s.seed
+            temp[i], top_p[i], top_k[i], seeds[i] = sp.temperature, sp.top_p, min(sp.top_k, _INT32_MAX), s.seed
     return Sampling(temp, top_p, top_k, seeds)
 
 
@@ -82,7 +85,7 @@ def decode_state(slots: Sequence[Optional[Session]], max_stop_ids: int, exit_on_
         if s is None:
             continue
         tokens[i], lengths[i], active[i] = s.tokens[-1], s.cached, True
-        remaining[i] = s.sampling.max_new_tokens - s.drawn
+        remaining[i] = min(s.sampling.max_new_tokens - s.drawn, _INT32_MAX)
         ids = s.sampling.stop_token_ids[:max_stop_ids]
         stop_ids[i, :len(ids)] = ids
     return DecodeState(tokens, lengths, active, remaining, _sampling_arrays(slots), stop_ids, np.bool_(exit_on_done))

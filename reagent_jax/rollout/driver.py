@@ -86,7 +86,7 @@ class Driver:
             if claim:
                 for r in events:
                     s = self._sessions.get(r.session_id)
-                    if s is not None and s.state == DONE and not s.multi_turn:
+                    if s is not None and s.state == DONE and (not s.multi_turn or s.release_pending):
                         del self._sessions[s.sid]
             if events:
                 self._cond.notify_all()
@@ -102,8 +102,12 @@ class Driver:
 
     def _prefill(self, rows: list[Session]) -> list[Result]:
         with self._lock:
-            kw, lens, completes = prefill_batch(rows, self.prefill_chunk, self.length_buckets, self.row_buckets,
-                                                self.window_buckets, self.max_len, self.num_slots)
+            try:
+                kw, lens, completes = prefill_batch(rows, self.prefill_chunk, self.length_buckets, self.row_buckets,
+                                                    self.window_buckets, self.max_len, self.num_slots)
+            except Exception as e:  # a request the packer cannot encode fails alone, the engine keeps serving
+                self._last_error = f"prefill packing failed: {e!r}"
+                return self._fail(rows)
         out = self._call("prefill", kernels.prefill, **kw)
         events = []
         with self._lock:
@@ -126,8 +130,12 @@ class Driver:
     def _decode(self, slots: list[Optional[Session]]) -> list[Result]:
         live = [s for s in slots if s is not None]
         with self._lock:
-            state = decode_state(slots, self.max_stop_ids, exit_on_done=bool(self._waiting))
-            window = decode_window(slots, self.decode_steps, self.window_buckets, self.max_len)
+            try:
+                state = decode_state(slots, self.max_stop_ids, exit_on_done=bool(self._waiting))
+                window = decode_window(slots, self.decode_steps, self.window_buckets, self.max_len)
+            except Exception as e:
+                self._last_error = f"decode packing failed: {e!r}"
+                return self._fail(live)
         out = self._call("decode", kernels.decode, state=state, num_steps=self.decode_steps, window=window,
                          truncation=needs_truncation(slots))
         events = []

@@ -21,7 +21,8 @@ work: it takes a short lock and queues. Device work runs on one driver at a time
   * whichever thread calls `step()` / `wait()` / `generate()` (each drives when nobody else does).
 Results of single-turn sessions stay available to `wait(sid)` until claimed once (`step()`
 called directly returns them and counts as the claim); multi-turn sessions live until
-`release(sid)`, even after an error ended them.
+`release(sid)`, even after an error ended them. A session released while its turn runs ends
+"cancelled" and is then forgotten like a single-turn one: at its claim or a second release.
 """
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ class Engine(Driver):
         unclaimed result of a finished session is dropped."""
         with self._lock:
             s = self._sessions.get(session_id)
-            if s is not None and s.state == DONE and not s.release_pending:
+            if s is not None and s.state == DONE:  # incl. one whose release cancelled its turn
                 del self._sessions[session_id]
                 return
             s = self._live(session_id, f"engine.release(session {session_id})")
@@ -141,6 +142,7 @@ class Engine(Driver):
                 return
             if s.state == WAITING:  # never ran: its (cancelled) result stays for wait()
                 self._waiting.remove(s)
+                s.release_pending = True  # so that claim forgets it, multi-turn or not
                 s.finish_turn("cancelled")
                 s.state = DONE
             else:  # paused
@@ -168,7 +170,7 @@ class Engine(Driver):
                     raise ValueError(f"engine.wait: unknown session id {session_id} (never started, released, "
                                      "or its result was already claimed)")
                 if s.state in (PAUSED, DONE):
-                    if s.state == DONE and not s.multi_turn:  # claimed; multi-turn ones wait for release()
+                    if s.state == DONE and (not s.multi_turn or s.release_pending):  # claimed (and released)
                         del self._sessions[session_id]
                     return s.results[-1]
                 if deadline is not None and time.monotonic() > deadline:
@@ -295,6 +297,13 @@ class Engine(Driver):
 
     def _live(self, session_id: int, where: str) -> Session:
         s = self._sessions.get(session_id)
-        if s is None or s.state == DONE or s.release_pending:
+        if s is None:
             raise ValueError(f"{where}: unknown session id {session_id} (never started, finished or released)")
+        if s.release_pending:
+            raise ValueError(f"{where}: session {session_id} was released")
+        if s.state == DONE:  # a known session that cannot go on: say why, not "unknown"
+            last = s.results[-1]
+            raise ValueError(f"{where}: session {session_id} has ended (its last turn finished with "
+                             f"{last.finish_reason!r}{': ' + last.error if last.error else ''}); it cannot continue"
+                             + ("; release it" if s.multi_turn else ""))
         return s

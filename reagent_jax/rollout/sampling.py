@@ -18,6 +18,9 @@ Top-k is applied first, then top-p on the top-k-renormalised distribution (the o
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
+import operator
 from typing import Optional, Sequence
 
 import jax
@@ -33,7 +36,8 @@ class SamplingParams:
     temperature 0 means greedy. top_k 0 and top_p 1 disable truncation. seed None lets the engine
     draw one (recorded in the result). Stop token ids end the turn and are kept as its last token;
     stop strings are matched on the decoded tail of the turn (the engine needs a `decode_fn`) and
-    the turn ends with the token that completes the match.
+    the turn ends with the token that completes the match. Python or NumPy numbers are accepted
+    (stored as Python ones); any temperature > 0, however small, samples (1e-30 is in effect greedy).
     """
     temperature: float = 1.0
     top_p: float = 1.0
@@ -44,25 +48,37 @@ class SamplingParams:
     stop_strings: Sequence[str] = ()
 
     def __post_init__(self):
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        if isinstance(self.stop_strings, str):
-            object.__setattr__(self, "stop_strings", (self.stop_strings,))
-        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+        # NumPy scalars are accepted and stored as Python numbers; bools, strings and 5.7 as a
+        # token id are refused (int() would silently turn them into valid-looking values).
+        for name, ok, cast in (("temperature", _is_real, float), ("top_p", _is_real, float), ("top_k", _is_int, int),
+                               ("max_new_tokens", _is_int, int), ("seed", _is_int, int)):
+            if ok(getattr(self, name)):
+                object.__setattr__(self, name, cast(getattr(self, name)))
+        ids, strings = self.stop_token_ids, self.stop_strings
+        ids = () if ids is None else (ids,) if _is_int(ids) else ids  # None / one id are fine too
+        strings = () if strings is None else (strings,) if isinstance(strings, str) else strings
+        try:
+            ids, strings = tuple(_token_id(t) for t in ids), tuple(strings)
+        except TypeError as e:
+            raise ValueError(f"SamplingParams: stop_token_ids={self.stop_token_ids!r} / stop_strings="
+                             f"{self.stop_strings!r} must be int token ids / strs ({e})") from None
+        object.__setattr__(self, "stop_token_ids", ids)
+        object.__setattr__(self, "stop_strings", strings)
         self.validate()
 
     def validate(self, vocab_size: Optional[int] = None, where: str = "SamplingParams") -> None:
         """Raises ValueError naming the bad field (and `where`, e.g. the request index)."""
         def bad(msg):
             raise ValueError(f"{where}: {msg}")
-        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
-            bad(f"temperature={self.temperature!r} must be a number >= 0 (0 = greedy)")
-        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+        if not (_is_real(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0):
+            bad(f"temperature={self.temperature!r} must be a finite number >= 0 (0 = greedy)")
+        if not (_is_real(self.top_p) and 0.0 < self.top_p <= 1.0):
             bad(f"top_p={self.top_p!r} must be in (0, 1]")
-        if not (isinstance(self.top_k, int) and self.top_k >= 0):
+        if not (_is_int(self.top_k) and self.top_k >= 0):
             bad(f"top_k={self.top_k!r} must be an int >= 0 (0 = no top-k)")
-        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
+        if not (_is_int(self.max_new_tokens) and self.max_new_tokens >= 1):
             bad(f"max_new_tokens={self.max_new_tokens!r} must be an int >= 1")
-        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < SEED_LIMIT):
+        if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT):
             bad(f"seed={self.seed!r} must be None or an int in [0, 2**32)")
         for t in self.stop_token_ids:
             if t < 0 or (vocab_size is not None and t >= vocab_size):
@@ -73,6 +89,20 @@ class SamplingParams:
 
     def replace(self, **kw) -> "SamplingParams":
         return dataclasses.replace(self, **kw)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _token_id(t) -> int:
+    if not _is_int(t):
+        raise TypeError(f"{t!r} is not an int")
+    return operator.index(t)
 
 
 _CHUNK = 128  # vocabulary chunk of the two-level argmax and draw
@@ -206,13 +236,19 @@ def sample_vocab_major(logits: jax.Array, temperature: jax.Array, top_p: jax.Arr
     """
     logits = logits.astype(jnp.float32)
     v, b = logits.shape
-    greedy = temperature <= 0
+    greedy = temperature < jnp.finfo(jnp.float32).tiny  # 0, or subnormal (flushed to 0 on some backends)
     t = jnp.where(greedy, 1.0, temperature).astype(jnp.float32)
-    scaled = logits / t[None, :]  # [V, B]
-    x3 = _chunked(scaled, -jnp.inf)  # [C, S, B]
-    chunk_logz = jax.nn.logsumexp(x3, axis=1)  # [C, B]
-    logz = jax.nn.logsumexp(chunk_logz, axis=0)  # [B]
-    greedy_tok = _argmax_chunked(x3)
+    l3 = _chunked(logits, -jnp.inf)  # [C, S, B]
+    greedy_tok = _argmax_chunked(l3)
+    # Scaled logits relative to the row maximum, so the top token sits at exactly 0 and every
+    # other one below it. Dividing unshifted logits by a tiny T (1e-6) gives values ~1e7 whose
+    # last bits differ between the fusions that read them (XLA may use x * (1/T) in one, x / T
+    # in another): logprobs came out positive, or inf / nan with random tokens at T = 1e-30.
+    m = logits[greedy_tok, jnp.arange(b)]  # [B] row maximum (a gather: no extra pass over [V, B])
+    scaled = (logits - m[None, :]) / t[None, :]  # [V, B], <= 0 however it is rounded
+    x3 = (l3 - m[None, None, :]) / t[None, None, :]  # [C, S, B], = _chunked(scaled)
+    chunk_logz = jnp.log(jnp.sum(jnp.exp(x3), axis=1))  # [C, B]: no max needed, all <= 0
+    logz = jax.nn.logsumexp(chunk_logz, axis=0)  # [B], >= 0 (the top token contributes exp(0))
 
     def draw(_):
         needs = (~greedy) & (((top_k > 0) & (top_k < v)) | (top_p < 1.0))

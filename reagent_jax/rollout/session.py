@@ -76,8 +76,10 @@ class Session:
 
 def stop_string_window(stop_strings: Sequence[str]) -> int:
     """How many trailing tokens to decode so any stop string that ends in the newest token is
-    inside the window (a token decodes to >= 1 char except split UTF-8 bytes; 2x covers those)."""
-    return 2 * max(len(s) for s in stop_strings) + 4
+    inside the window. Counted in UTF-8 bytes, not characters: a byte-level BPE may spell one
+    character with up to 4 byte tokens (a rare CJK character or emoji), and a token holds at
+    least one byte; 2x and the margin cover tokenizers whose tokens are partial characters."""
+    return 2 * max(len(s.encode("utf-8", "surrogatepass")) for s in stop_strings) + 4
 
 
 def turn_end(session: Session, max_len: int, decode_fn: Optional[Callable[[list[int]], str]]):
