@@ -161,7 +161,7 @@ def _cell_process(cfg: dict, code: str) -> None:
             _drop_privileges(cfg["uid"])
             _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         if cfg["audit_hook"]:
-            _guard.install(cfg["workdir"], cfg["limits"]["nproc"])
+            _guard.install(cfg["workdir"], cfg["limits"]["nproc"], tuple(cfg["expose"]))
     except Exception as exc:  # noqa: BLE001
         print(f"sandbox setup failed: {exc!r}", file=sys.stderr)
         _finish(SETUP_FAILED)
@@ -184,6 +184,10 @@ def _namespace_init(cfg: dict, code: str) -> None:
     process left in the namespace (daemons, fork bombs), so nothing outlives the call.
     """
     try:
+        _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)  # the outer child died: the namespace goes
+    except OSError:
+        pass
+    try:
         _linux.mount("proc", "/proc", "proc", _linux.MS_NOSUID | _linux.MS_NODEV | _linux.MS_NOEXEC)
     except OSError:
         pass  # the host /proc stays visible; other uids' secrets there are unreadable anyway
@@ -193,8 +197,19 @@ def _namespace_init(cfg: dict, code: str) -> None:
     _finish(_wait_for(cell))
 
 
+def _die_with_host(host_pid: int) -> None:
+    """SIGKILL this process when the host dies (a killed trainer must not leave cells running)."""
+    try:
+        _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        return
+    if os.getppid() != host_pid:  # the host died before the prctl took effect
+        os._exit(SETUP_FAILED)
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    _die_with_host(cfg["host_pid"])
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(encoding="utf-8", errors="backslashreplace")
     with open(cfg["code_path"], encoding="utf-8") as f:

@@ -2,7 +2,8 @@
 
 The host never trusts the child: a wall-clock deadline, output caps enforced while reading (at most
 `max_output_bytes` kept, the child killed past `kill_output_bytes`), and on any exit the child's
-whole process group and PID namespace are killed and its private work directory deleted.
+whole process group and PID namespace are killed and its private work directory deleted. Work dirs
+are named after the host's pid, so those of a host that died mid-call are swept by the next host.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import dataclasses
 import functools
 import itertools
 import json
+import logging
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -28,6 +31,9 @@ _UID_BASE, _UID_SPAN = 200_000, 800_000  # a fresh uid per call: no sharing of R
 _uid_counter = itertools.count(os.getpid() * 7919)
 _uid_lock = threading.Lock()
 _SETUP_FAILED = 70  # child.SETUP_FAILED (child.py is a script, never imported by the host)
+_log = logging.getLogger(__name__)
+_WORKDIR_PREFIX = "reagent-sandbox-"
+_STALE_WORKDIR = re.compile(rf"^{_WORKDIR_PREFIX}(\d+)-")
 
 Isolation = Literal["auto", "namespaces", "process"]
 
@@ -38,7 +44,8 @@ class SandboxConfig:
 
     wall_time_s: float = 10.0
     cpu_time_s: int = 10
-    memory_mb: int = 2048            # RLIMIT_AS of the cell process
+    memory_mb: int = 2048            # RLIMIT_AS of each cell process: a cell that forks may use up to
+    #                                  max_processes * memory_mb (+ tmpfs); no cgroup bounds the sum
     max_processes: int = 32          # RLIMIT_NPROC (per fresh uid); also the guard's fork budget
     max_file_mb: int = 64            # RLIMIT_FSIZE
     max_open_files: int = 256
@@ -170,6 +177,41 @@ def _kill_uid(uid: int) -> None:
         time.sleep(0.01)
 
 
+def sweep_stale_workdirs(min_age_s: float = 3600.0) -> int:
+    """Delete work dirs left by hosts that died mid-call (the host's pid is in the name); returns how many.
+
+    Only dirs untouched for `min_age_s`: a host in another PID namespace sharing /tmp may look dead."""
+    removed = 0
+    tmp = tempfile.gettempdir()
+    for name in os.listdir(tmp):
+        match = _STALE_WORKDIR.match(name)
+        if not match:
+            continue
+        try:
+            if time.time() - os.stat(os.path.join(tmp, name)).st_mtime < min_age_s:
+                continue
+        except OSError:
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+            continue  # that host (or a process reusing its pid) is alive: leave it
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue
+        shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+        removed += 1
+    return removed
+
+
+@functools.lru_cache(maxsize=None)
+def _sweep_stale_workdirs_once() -> None:
+    try:
+        sweep_stale_workdirs()
+    except OSError:
+        pass
+
+
 def _next_uid() -> int:
     with _uid_lock:
         return _UID_BASE + next(_uid_counter) % _UID_SPAN
@@ -179,10 +221,16 @@ def _next_uid() -> int:
 def namespaces_available(python: str = sys.executable) -> bool:
     """Whether this host can run the namespaces mode (root, unshare and mounts permitted): probed once."""
     if sys.platform != "linux" or os.geteuid() != 0:
+        _log.warning("sandbox: not root on Linux, so isolation='auto' uses the weaker process mode "
+                     "(rlimits + audit-hook guard; see reagent_jax.agent.sandbox)")
         return False
     probe = _run(SandboxConfig(isolation="namespaces", python=python, wall_time_s=20.0), "print(6 * 7)",
                  "namespaces")
-    return probe.exit_code == 0 and probe.stdout.strip() == "42"
+    ok = probe.exit_code == 0 and probe.stdout.strip() == "42"
+    if not ok:
+        _log.warning("sandbox: namespaces unavailable (%s), so isolation='auto' uses the weaker process mode",
+                     probe.stderr.strip()[-300:] or f"exit code {probe.exit_code}")
+    return ok
 
 
 def resolve_isolation(config: SandboxConfig) -> str:
@@ -217,7 +265,8 @@ def _run(config: SandboxConfig, code: str, isolation: str) -> SandboxResult:
         uid = None  # cannot change identity; the kernel already enforces RLIMIT_NPROC for this user
     elif isolation == "process" and not all(_reachable_by_others(p) for p in _python_paths(config.python)):
         uid = None  # without a mount namespace the interpreter may be unreachable for another uid
-    workdir = tempfile.mkdtemp(prefix="reagent-sandbox-")
+    _sweep_stale_workdirs_once()
+    workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
     report_r, report_w = os.pipe()
     try:
         code_path = os.path.join(workdir, ".cell.py")
@@ -227,6 +276,7 @@ def _run(config: SandboxConfig, code: str, isolation: str) -> SandboxResult:
             os.chown(workdir, uid, uid)
         child_cfg = {
             "workdir": workdir, "code_path": code_path, "report_fd": report_w, "isolation": isolation,
+            "host_pid": os.getpid(),
             "uid": uid, "tmpfs_mb": config.tmpfs_mb, "expose": list(_python_paths(config.python)),
             "audit_hook": config.audit_hook if config.audit_hook is not None else isolation == "process",
             "limits": {"cpu_s": config.cpu_time_s, "memory_bytes": config.memory_mb << 20,
