@@ -8,8 +8,20 @@ from reagent_jax.rewards.dispatch import (
     score_answer,
     source_kind,
 )
-from reagent_jax.rewards.extraction import BoxedAnswer, extract_boxed_answer, find_last_boxed, strip_latex_text
-from reagent_jax.rewards.math_equiv import math_equal, math_verify_equal, strings_equivalent
+from reagent_jax.rewards.extraction import (
+    BoxedAnswer,
+    drop_thinking,
+    extract_boxed_answer,
+    find_last_boxed,
+    strip_latex_text,
+)
+from reagent_jax.rewards.math_equiv import (
+    math_equal,
+    math_equal_check,
+    math_verify_check,
+    math_verify_equal,
+    strings_equivalent,
+)
 from reagent_jax.rewards.qa import (
     F1_THRESHOLD,
     em_f1_score,
@@ -27,11 +39,14 @@ __all__ = [
     "BoxedAnswer",
     "RewardResult",
     "compute_reward",
+    "drop_thinking",
     "em_f1_score",
     "exact_match",
     "extract_boxed_answer",
     "find_last_boxed",
     "math_equal",
+    "math_equal_check",
+    "math_verify_check",
     "math_verify_equal",
     "normalize_answer",
     "qa_score",

@@ -7,10 +7,11 @@
   any other source                                            -> EM/F1, then math equivalence
 The score is the maximum over the acceptable answers and always lies in [0, 1].
 
-The answer is the last ``\\boxed{}`` (or ``\\fbox{}``) outside ``<think>`` blocks; a response
-without one falls back to its last ``<answer>...</answer>``, then to the whole response when it is
-a single short line (so callers may pass a bare answer). ``compute_reward`` reports whether the
-format was right and can replace the score by a penalty when it was not.
+The answer is the last ``\\boxed{}`` (or ``\\fbox{}``) outside thinking (see ``extraction``); a
+response without one falls back to its last ``<answer>...</answer>`` outside thinking, then to the
+whole response when it is a single short line without thinking (so callers may pass a bare answer).
+``compute_reward`` reports whether the format was right and can replace the score by a penalty
+when it was not.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from reagent_jax.rewards.extraction import find_last_boxed, strip_latex_text
-from reagent_jax.rewards.math_equiv import math_equal
+from reagent_jax.rewards.extraction import drop_thinking, find_last_boxed, strip_latex_text
+from reagent_jax.rewards.math_equiv import math_equal_check
 from reagent_jax.rewards.qa import is_yes_no, qa_score, yes_no_score
 
 MATH_SOURCES = frozenset(
@@ -32,7 +33,7 @@ QA_SOURCES = frozenset(
      "webwalker", "webwalkerqa", "gaia", "hle", "xbench", "search"}
 )
 MAX_BARE_ANSWER_CHARS = 200
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,8 @@ class RewardResult:
     score: float  # the reward to use: ``correctness``, or the format penalty when it applies
     correctness: float  # rule score in [0, 1], as ``score_answer`` returns
     answer: str | None  # the extracted answer (None if none was found)
-    method: str  # "math", "em", "f1", "yes_no", "math_fallback", "none" (no answer / no match)
+    method: str  # "math", "em", "f1", "yes_no", "math_fallback", "none" (no answer / no match),
+    #              "math_timeout" (scored 0 because math-verify timed out or crashed: not shown wrong)
     source_kind: str  # "math", "qa" or "auto"
     has_boxed: bool  # a \boxed / \fbox answer was found
     malformed: bool  # the last box was unterminated or empty
@@ -90,35 +92,55 @@ def score_answer(response_text: str, ground_truths: str | Sequence[str], data_so
 
 
 def _score(answer: str, golds: list[str], kind: str, timeout_s: int) -> tuple[float, str]:
-    best, method = 0.0, "none"
+    best, method, gave_up = 0.0, "none", False
     text_answer = strip_latex_text(answer)
     for gold in golds:
         if is_yes_no(gold):
             value, how = yes_no_score(text_answer, gold), "yes_no"
         elif kind == "math":
-            value, how = float(math_equal(answer, gold, timeout_s)), "math"
+            equal, reason = math_equal_check(answer, gold, timeout_s)
+            value, how = float(equal), "math"
+            gave_up = gave_up or reason in ("timeout", "crashed")
         else:
             value = qa_score(text_answer, [strip_latex_text(gold)])
             how = "em" if value == 1.0 else "f1"
-            if kind == "auto" and value < 1.0 and math_equal(answer, gold, timeout_s):
-                value, how = 1.0, "math_fallback"
+            if kind == "auto" and value < 1.0:
+                equal, reason = math_equal_check(answer, gold, timeout_s)
+                if equal:
+                    value, how = 1.0, "math_fallback"
+                gave_up = gave_up or (value == 0.0 and reason in ("timeout", "crashed"))
         if value > best:
             best, method = value, how
         if best == 1.0:
             break
+    if best == 0.0 and gave_up:
+        method = "math_timeout"
     return min(max(best, 0.0), 1.0), method
 
 
 def _fallback_answer(response: str, box_found: bool) -> str | None:
     if box_found:
         return None  # a box was attempted but malformed: do not guess
-    tags = _ANSWER_TAG.findall(response)
-    if tags and tags[-1].strip():
-        return tags[-1].strip()
+    tagged = _last_answer_tag(drop_thinking(response))  # like a box, a tag drafted while thinking is no answer
+    if tagged:
+        return tagged
+    if "<think>" in response or "</think>" in response:
+        return None  # a bare answer has no thinking, and what follows thinking is not bare
     bare = response.strip()
     if bare and "\n" not in bare and len(bare) <= MAX_BARE_ANSWER_CHARS:
         return bare
     return None
+
+
+def _last_answer_tag(text: str) -> str | None:
+    """Stripped content of the last closed ``<answer>`` tag; linear (a lazy regex over many unclosed
+    tags is quadratic: minutes for a degenerate 1 MB response)."""
+    last_close = text.rfind(_ANSWER_CLOSE)
+    start = text.rfind(_ANSWER_OPEN, 0, max(last_close, 0))
+    if last_close < 0 or start < 0:
+        return None
+    start += len(_ANSWER_OPEN)
+    return text[start : text.find(_ANSWER_CLOSE, start)].strip() or None
 
 
 def _as_ground_truths(ground_truths: str | Sequence[str]) -> list[str]:

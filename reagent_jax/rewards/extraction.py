@@ -2,8 +2,10 @@
 
 Braces nest (``\\boxed{\\frac{1}{2}}``) and escaped braces ``\\{ \\}`` do not count. The
 brace-less form ``\\boxed 5`` (seen in MATH solutions) is read up to the next ``$`` or line end.
-Complete ``<think>...</think>`` blocks are ignored, so a box drafted while thinking never
-counts as the answer.
+Thinking is ignored, so a box drafted while thinking never counts as the answer: complete
+``<think>...</think>`` blocks, everything before a ``</think>`` whose ``<think>`` was in the prompt,
+and everything after a ``<think>`` that never closes (a response cut off while thinking).
+Scanning is linear in the response length (degenerate, repetitive outputs included).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import re
 from typing import NamedTuple
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _TEXT_COMMANDS = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 
 
@@ -26,7 +28,7 @@ def find_last_boxed(response: str) -> BoxedAnswer:
     """Content of the last box in ``response`` (see module docstring)."""
     if not isinstance(response, str):
         raise TypeError(f"response must be str, got {type(response).__name__}")
-    text = _THINK_BLOCK.sub("", response)
+    text = drop_thinking(response)
     start, command = -1, ""
     for cmd in _BOX_COMMANDS:
         pos = _rfind_command(text, cmd)
@@ -46,6 +48,26 @@ def find_last_boxed(response: str) -> BoxedAnswer:
     if content is None or not content.strip():
         return BoxedAnswer(None, True, True)
     return BoxedAnswer(content.strip(), True, False)
+
+
+def drop_thinking(response: str) -> str:
+    """``response`` without its thinking (see module docstring), in one left-to-right pass."""
+    kept, pos = [], 0
+    close = response.find(_THINK_CLOSE)
+    opened = response.find(_THINK_OPEN)
+    if close >= 0 and (opened < 0 or close < opened):
+        pos = close + len(_THINK_CLOSE)  # thinking opened by the prompt
+    while True:
+        start = response.find(_THINK_OPEN, pos)
+        if start < 0:
+            kept.append(response[pos:])
+            break
+        kept.append(response[pos:start])
+        end = response.find(_THINK_CLOSE, start + len(_THINK_OPEN))
+        if end < 0:
+            break  # never closed: the rest is unfinished thinking
+        pos = end + len(_THINK_CLOSE)
+    return "".join(kept)
 
 
 def extract_boxed_answer(response: str) -> str | None:

@@ -1,9 +1,10 @@
 """Short-answer QA scoring: SQuAD-normalised exact match, token F1, and yes/no containment.
 
 Normalisation is SQuAD's (lower-case, drop punctuation, drop the articles a/an/the, collapse
-whitespace), extended so that non-English answers work: Unicode punctuation is dropped as well as
-ASCII, and CJK characters are separate tokens (whitespace tokenisation would make a Chinese answer
-one token and F1 all-or-nothing, e.g. for xbench).
+whitespace), extended so that non-English answers work: Unicode punctuation (and the U+2212 minus
+sign, like the ASCII ``-``) is dropped as well as ASCII, and CJK characters are separate tokens
+(whitespace tokenisation would make a Chinese answer one token and F1 all-or-nothing, e.g. for
+xbench).
 
 The rule reward of Reagent: exact match scores 1; otherwise the token F1 when F1 >= 0.3; else 0;
 maximum over the acceptable answers. As in HotpotQA's official F1, a yes/no/noanswer prediction or
@@ -87,4 +88,5 @@ def yes_no_score(prediction: str, ground_truth: str) -> float:
 
 
 def _is_punct(char: str) -> bool:
-    return char in _ASCII_PUNCT or unicodedata.category(char).startswith("P")
+    # U+2212 MINUS SIGN is a math symbol (Sm) but stands for the ASCII hyphen-minus, which is dropped
+    return char in _ASCII_PUNCT or char == "\u2212" or unicodedata.category(char).startswith("P")
