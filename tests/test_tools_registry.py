@@ -152,6 +152,8 @@ def test_python_tool_reports_errors_and_truncates_output():
     assert "truncated" in big.text
     slow = tools.get("python", wall_time_s=1.0).call({"code": "import time\ntime.sleep(30)"})
     assert slow.error_kind == "timeout" and "timed out after 1 s" in slow.text
+    silent = tool.call({"code": "import os\nprint('lost')\nos._exit(7)"})  # not just "(no output)"
+    assert not silent.ok and "exited with code 7 without an error message" in silent.text
 
 
 def test_search_backend_errors_are_explicit(tmp_path, monkeypatch):

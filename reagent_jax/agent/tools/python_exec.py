@@ -44,6 +44,9 @@ def describe_failure(result: SandboxResult, config: SandboxConfig) -> str | None
         except ValueError:
             name = str(sig)
         return f"Error: the process was killed by signal {name}."
+    if not result.ok and not result.stderr and code:  # os._exit(n), or a crash that printed nothing
+        return (f"Error: the process exited with code {code} without an error message (e.g. os._exit); "
+                "output still in its buffers was lost, so print and let the cell end normally.")
     return None
 
 
