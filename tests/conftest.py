@@ -42,3 +42,14 @@ def hf_qwen3(tmp_path):
     def make(**shape):
         return make_hf_qwen3(tmp_path / f"ckpt{len(os.listdir(tmp_path))}", **shape)
     return make
+
+
+@pytest.fixture(scope="session")
+def peaked_tiny_model():
+    """(cfg, params) of the tiny preset in fp32 with weights x4: peaked logits, so greedy argmax
+    margins dwarf fp32 rounding differences (exact-token oracles of the rollout tests)."""
+    import jax
+    from reagent_jax import models
+    cfg = models.preset("tiny", compute_dtype="float32")
+    params = models.init_params(cfg, jax.random.PRNGKey(0))
+    return cfg, jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, params)

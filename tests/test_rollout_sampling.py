@@ -95,11 +95,10 @@ def test_greedy_rows_and_key_determinism():
     np.testing.assert_array_equal(many, again)
 
 
-def test_engine_first_tokens_are_the_samplers_draws():
+def test_engine_first_tokens_are_the_samplers_draws(peaked_tiny_model):
     """Many one-token requests (one per seed) from one prompt: the engine's draws equal the
     sampler applied to models.forward's logits, and lie in the top-k set."""
-    cfg = models.preset("tiny", compute_dtype="float32")
-    params = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, models.init_params(cfg, jax.random.PRNGKey(0)))
+    cfg, params = peaked_tiny_model
     prompt = np.random.default_rng(4).integers(0, cfg.vocab_size, 10).tolist()
     eng = rollout.Engine(cfg, params, num_slots=4, max_len=160, prefill_chunk=32, length_buckets=(32,),
                          row_buckets=(4,), decode_steps=8)
