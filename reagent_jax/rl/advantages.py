@@ -17,6 +17,10 @@ Conventions (matching verl's ``compute_*_outcome_advantage``):
     (max == min, immune to rounding in the mean), its advantages are exactly 0, and it is flagged
     in ``zero_std`` / counted in ``num_zero_std_groups``.
   * RLOO: A_i = r_i - mean_{j != i} r_j = (r_i - mean) * n / (n - 1).
+  * Rewards of valid samples must be finite: called eagerly, a NaN/inf reward raises a ValueError
+    naming the sample; under ``jit`` it cannot be checked and makes its group's advantages NaN.
+  * Mean and std are computed without overflow or underflow for any finite rewards (deviations
+    are rescaled by the group's largest one before squaring), so rewards of 1e20 or 1e-30 work.
 
 Register more estimators with ``@register_advantage("name")``; look them up with
 ``get_advantage_fn(name)`` or ``ADVANTAGES[name]``.
@@ -102,14 +106,21 @@ def _group_stats(rewards, group_ids, valid, num_groups) -> _GroupStats:
     valid = jnp.ones((n,), bool) if valid is None else jnp.asarray(valid).astype(bool)
     if valid.shape != (n,):
         raise ValueError(f"valid must be bool[{n}], got shape {valid.shape}")
+    _check_finite(rewards, valid, group_ids)
 
     seg = dict(segment_ids=group_ids, num_segments=num_groups)
     r = jnp.where(valid, rewards, 0.0)
     w = valid.astype(jnp.float32)
     count = jax.ops.segment_sum(w, **seg)  # [G]
-    mean_g = jax.ops.segment_sum(r, **seg) / jnp.maximum(count, 1.0)  # [G]
+    # r / count summed, not sum(r) / count: partial sums stay within the rewards' range.
+    mean_g = jax.ops.segment_sum(r / jnp.maximum(count, 1.0)[group_ids], **seg)  # [G]
     dev = jnp.where(valid, r - mean_g[group_ids], 0.0)
-    var_g = jax.ops.segment_sum(dev * dev, **seg) / jnp.maximum(count - 1.0, 1.0)  # unbiased
+    # Square deviations relative to the group's largest one: dev**2 would overflow float32 for
+    # |dev| > ~1e19 (std inf, advantages silently 0) and underflow to 0 for |dev| < ~1e-19.
+    scale_g = jax.ops.segment_max(jnp.abs(dev), **seg)
+    scale_g = jnp.where((count >= 2) & (scale_g > 0), scale_g, 1.0)  # [G]
+    unit = dev / scale_g[group_ids]
+    var_unit_g = jax.ops.segment_sum(unit * unit, **seg) / jnp.maximum(count - 1.0, 1.0)  # unbiased
     r_max = jax.ops.segment_max(jnp.where(valid, r, -jnp.inf), **seg)
     r_min = jax.ops.segment_min(jnp.where(valid, r, jnp.inf), **seg)
     multi = count >= 2  # [G]
@@ -118,7 +129,7 @@ def _group_stats(rewards, group_ids, valid, num_groups) -> _GroupStats:
 
     size = count[group_ids]
     mean = jnp.where(size >= 2, mean_g[group_ids], 0.0)
-    std = jnp.where(size >= 2, jnp.sqrt(var_g)[group_ids], 1.0)
+    std = jnp.where(size >= 2, (scale_g * jnp.sqrt(var_unit_g))[group_ids], 1.0)
     return _GroupStats(
         rewards=r,
         valid=valid,
@@ -129,6 +140,19 @@ def _group_stats(rewards, group_ids, valid, num_groups) -> _GroupStats:
         num_zero_std_groups=jnp.sum(zero_g).astype(jnp.int32),
         num_singleton_groups=jnp.sum(single_g).astype(jnp.int32),
     )
+
+
+def _check_finite(rewards: jax.Array, valid: jax.Array, group_ids: jax.Array) -> None:
+    """ValueError naming the first valid sample with a NaN/inf reward (skipped under jit)."""
+    if any(isinstance(x, jax.core.Tracer) for x in (rewards, valid, group_ids)):
+        return
+    bad = np.flatnonzero(np.asarray(valid) & ~np.isfinite(np.asarray(rewards)))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"rewards must be finite; {bad.size} valid sample(s) are not, first rewards[{i}] = "
+            f"{float(rewards[i])} (group {int(group_ids[i])}); fix the reward or mark the sample invalid"
+        )
 
 
 def _finish(stats: _GroupStats, adv: jax.Array) -> GroupAdvantages:

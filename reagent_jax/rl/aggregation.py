@@ -49,8 +49,13 @@ def loss_counts(loss_mask: jax.Array) -> LossCounts:
 
 
 def masked_sum(values: jax.Array, mask: jax.Array, axis=None) -> jax.Array:
-    """Sum of ``values`` where ``mask`` is set; NaN/inf outside the mask cannot leak in."""
+    """Sum of ``values`` where ``mask`` is set; NaN/inf outside the mask cannot leak in.
+
+    Accumulates in at least float32: a bfloat16 sum over thousands of tokens is off by ~0.3%.
+    """
     mask = jnp.asarray(mask).astype(bool)
+    values = jnp.asarray(values)
+    values = values.astype(jnp.promote_types(values.dtype, jnp.float32))
     return jnp.sum(jnp.where(mask, values, 0.0), axis=axis)
 
 
@@ -73,6 +78,8 @@ def aggregate_loss(
     """Aggregate per-token losses with global denominators (see module docstring)."""
     if mode not in AGG_MODES:
         raise ValueError(f"unknown loss aggregation mode {mode!r}; expected one of {AGG_MODES}")
+    if isinstance(norm_length, (int, float)) and not norm_length > 0:
+        raise ValueError(f"norm_length must be > 0 (or None for the padded length T), got {norm_length}")
     if token_loss.ndim != 2 or token_loss.shape != jnp.shape(loss_mask):
         raise ValueError(
             f"token_loss and loss_mask must both be [B, T]; got {token_loss.shape} and {jnp.shape(loss_mask)}"

@@ -5,7 +5,9 @@ Each objective is a frozen (hashable) dataclass with
   loss(params, micro, counts)    -> (scalar, metrics); values are per-micro-batch contributions
                                  that sum to the whole-batch value.
 Batches are dicts of arrays with a leading batch axis; all masks are aligned with `tokens`
-(see `models.token_logprobs`: position t scores tokens[t] given tokens[:t]).
+(see `models.token_logprobs`: position t scores tokens[t] given tokens[:t]). `counts` checks the
+batch's keys and shapes first (ValueError naming the key), since `make_train_step` calls it once
+on the whole batch before splitting it.
 """
 from __future__ import annotations
 
@@ -19,6 +21,37 @@ from reagent_jax.rl.aggregation import aggregate_loss, loss_counts, masked_mean
 from reagent_jax.rl.dpo import dpo_loss
 from reagent_jax.rl.kl import kl_penalty
 from reagent_jax.rl.policy_loss import ppo_policy_loss
+
+
+_Dims = tuple  # dimension names (str, bound by the first array that has them) or fixed ints
+
+
+def _check_batch(objective: str, batch, spec: dict[str, list[_Dims]], optional: tuple[str, ...] = ()) -> None:
+    """ValueError naming the key when a batch array is missing or disagrees with the others.
+
+    Shapes are static, so this runs once at trace time. Without it a [1, T] or [B, 1] loss_mask
+    broadcasts silently, and a [P, 1] ref_logps is read out of bounds (JAX clamps the index).
+    """
+    needed = [k for k in spec if k not in optional]
+    missing = [k for k in needed if k not in batch]
+    if missing:
+        raise ValueError(f"{objective} batch lacks {missing}; it needs {needed}, got {sorted(batch)}")
+    dims: dict[str, int] = {}
+    for key, templates in spec.items():
+        if key not in batch:
+            continue
+        shape = tuple(jnp.shape(batch[key]))
+        for tpl in templates:
+            fits = len(tpl) == len(shape) and all(
+                n == (d if isinstance(d, int) else dims.get(d, n)) for d, n in zip(tpl, shape))
+            if fits:
+                dims.update((d, n) for d, n in zip(tpl, shape) if isinstance(d, str))
+                break
+        else:
+            want = " or ".join("[" + ", ".join(map(str, tpl)) + "]" for tpl in templates)
+            known = ", ".join(f"{d}={n}" for d, n in dims.items())
+            raise ValueError(f"{objective} batch[{key!r}] has shape {list(shape)}, expected {want}"
+                             + (f" with {known}" if known else ""))
 
 
 def _weighted(local_mean, local_count, global_count):
@@ -43,6 +76,7 @@ class SFTObjective:
     context_weight: float = 0.0
 
     def counts(self, batch):
+        _check_batch("SFT", batch, {k: [("B", "T")] for k in ("tokens", "attention_mask", "loss_mask")})
         c = {"num_tokens": jnp.sum(batch["loss_mask"].astype(jnp.float32))}
         if self.context_weight:
             c["num_context"] = jnp.sum(self._context_mask(batch))
@@ -88,6 +122,9 @@ class GRPOObjective:
     chunk_size: int = 256
 
     def counts(self, batch):
+        spec = {k: [("B", "T")] for k in ("tokens", "attention_mask", "loss_mask", "old_logprobs", "ref_logprobs")}
+        spec["advantages"] = [("B",), ("B", "T")]
+        _check_batch("GRPO", batch, spec, optional=() if self.beta else ("ref_logprobs",))
         c = loss_counts(batch["loss_mask"])
         return {"num_tokens": c.num_tokens, "num_seqs": c.num_seqs}
 
@@ -139,6 +176,9 @@ class DPOObjective:
     chunk_size: int = 256
 
     def counts(self, batch):
+        spec = {k: [("P", 2, "T")] for k in ("tokens", "attention_mask", "loss_mask")}
+        spec.update(ref_logps=[("P", 2)], pair_mask=[("P",)])
+        _check_batch("DPO", batch, spec, optional=("pair_mask",))
         pm = batch.get("pair_mask", jnp.ones(batch["tokens"].shape[:1]))
         return {"num_pairs": jnp.sum(pm.astype(jnp.float32))}
 

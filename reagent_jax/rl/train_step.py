@@ -95,11 +95,14 @@ def shard_batch(batch: dict, mesh: Optional[Mesh]) -> dict:
 
 
 def _split(batch: dict, n: int) -> dict:
-    def one(x):
-        if x.shape[0] % n:
-            raise ValueError(f"batch size {x.shape[0]} is not divisible by {n} micro-batches")
-        return x.reshape((n, x.shape[0] // n) + x.shape[1:])
-    return {k: one(v) for k, v in batch.items()}
+    rows = {k: (jnp.shape(v)[0] if jnp.ndim(v) else None) for k, v in batch.items()}
+    sizes = set(rows.values())
+    if None in sizes or len(sizes) > 1:
+        raise ValueError(f"every batch array needs the same leading (batch) size; got {rows}")
+    size = sizes.pop() if sizes else 0
+    if size % n:
+        raise ValueError(f"batch size {size} is not divisible by {n} micro-batches")
+    return {k: v.reshape((n, size // n) + v.shape[1:]) for k, v in batch.items()}
 
 
 def make_train_step(objective, optimizer: optax.GradientTransformation, *, num_micro_batches: int = 1,
