@@ -127,7 +127,7 @@ def _chunked_logprobs(cfg, params, h, targets, temperature, chunk_size, mesh, ru
         z = jnp.sum(e, axis=-1)
         lse = m[..., 0] + jnp.log(z)
         lp = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0] - lse
-        ent = lse - jnp.sum(e * logits, axis=-1) / z
+        ent = jnp.log(z) - jnp.sum(e * (logits - m), axis=-1) / z  # relative to m: no lse-sized cancellation
         return lp, ent
 
     lp, ent = jax.lax.map(lambda a: one(*a), (hs, ts))  # [n, B, C]
