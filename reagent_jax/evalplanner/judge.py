@@ -96,7 +96,7 @@ def plan_block(plan: str) -> str:
 
 def parse_output(fmt: str, output: str, plan: str) -> Chain:
     """Chain from the final call's text; plan_execute and verdict_only outputs carry no plan section."""
-    e = parse_evaluation(output, expect_plan=(fmt == "single_pass"))
+    e = parse_evaluation(output, expect_plan=(fmt == "single_pass"), expect_execution=(fmt != "verdict_only"))
     return Chain(plan=e.plan if fmt == "single_pass" else plan, output=output, verdict=e.verdict,
                  status=e.status.value)
 

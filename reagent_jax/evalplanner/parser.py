@@ -7,10 +7,12 @@ builder can pick chosen / rejected chains and evaluation can count ties the Rewa
 Rules:
   * Markers match case-insensitively with free spacing: "[Start of Evaluation Plan]",
     "[ start of  the evaluation plan ]", "[End of Plan Execution]", "[Final Verdict]".
-  * A Qwen3 `<think>...</think>` preamble (or text before a lone `</think>`) is dropped first.
+  * A Qwen3 `<think>...</think>` preamble (or text before a lone `</think>`) is dropped first, and
+    so is an unclosed `<think>` with all after it: a draft verdict in thinking never counts.
   * Verdict: taken from the text after the last "[Final Verdict]". If there is no such marker,
-    from the whole text. `[[A]]` / `[[ b ]]` count; inside the verdict section a bare `[A]` or a
-    lone capital A / B also counts (status malformed).
+    from the whole text. Either way only after the plan section: a verdict in the plan never
+    counts. `[[A]]` / `[[ b ]]` count; inside the verdict section a bare `[A]` or a lone capital
+    A / B also counts (status malformed).
   * Both A and B found -> verdict None, status both_verdicts. None found -> status no_verdict.
   * A verdict is found but a section is missing or unclosed -> status malformed (verdict kept).
 
@@ -58,22 +60,27 @@ _FLAGS = re.IGNORECASE | re.DOTALL
 
 
 def strip_thinking(text: str) -> str:
-    """Drops a Qwen3 thinking preamble: `<think>...</think>` or everything before a lone `</think>`."""
+    """Drops Qwen3 thinking: a `<think>...</think>` preamble (or everything before a lone `</think>`),
+    and a `<think>` that never closes (a reply cut off while thinking) with all after it."""
     closes = list(re.finditer(r"</think>", text, flags=re.IGNORECASE))
-    return text[closes[-1].end() :] if closes else text
+    text = text[closes[-1].end() :] if closes else text
+    unclosed = re.search(r"<think>", text, flags=re.IGNORECASE)
+    return text[: unclosed.start()] if unclosed else text
 
 
-def _section(text: str, start: str, ends: list[str]) -> tuple[str, bool, bool]:
-    """(content, found start marker, found its own end marker). Unclosed: runs to the next marker."""
+def _section(text: str, start: str, ends: list[str]) -> tuple[str, bool, bool, int]:
+    """(content, found start marker, found its own end marker, where the section ends in `text`).
+    Unclosed: runs to the next marker (or the end)."""
     m = re.search(start, text, flags=_FLAGS)
     if not m:
-        return "", False, False
+        return "", False, False, 0
     rest = text[m.end() :]
     own = re.search(ends[0], rest, flags=_FLAGS)
     if own:
-        return rest[: own.start()].strip(), True, True
+        return rest[: own.start()].strip(), True, True, m.end() + own.end()
     stops = [s.start() for s in (re.search(e, rest, flags=_FLAGS) for e in ends[1:]) if s]
-    return rest[: min(stops)].strip() if stops else rest.strip(), True, False
+    end = min(stops) if stops else len(rest)
+    return rest[:end].strip(), True, False, m.end() + end
 
 
 def _letters(text: str) -> tuple[set[str], bool]:
@@ -85,22 +92,25 @@ def _letters(text: str) -> tuple[set[str], bool]:
     return lenient, bool(lenient)
 
 
-def parse_evaluation(text: str, *, expect_plan: bool = True) -> Evaluation:
-    """Parse a judge output. expect_plan=False for execution-stage outputs (no plan section)."""
+def parse_evaluation(text: str, *, expect_plan: bool = True, expect_execution: bool = True) -> Evaluation:
+    """Parse a judge output. expect_plan=False for execution-stage outputs (no plan section);
+    expect_execution=False as well for verdict-only outputs (the ablation without reasoning)."""
     text = strip_thinking(text if isinstance(text, str) else "")
-    plan, has_plan, plan_closed = _section(text, _PLAN_START, [_PLAN_END, _EXEC_START, _FINAL])
-    execution, has_exec, exec_closed = _section(text, _EXEC_START, [_EXEC_END, _FINAL])
-    finals = list(re.finditer(_FINAL, text, flags=_FLAGS))
+    plan, has_plan, plan_closed, plan_end = _section(text, _PLAN_START, [_PLAN_END, _EXEC_START, _FINAL])
+    execution, has_exec, exec_closed, _ = _section(text, _EXEC_START, [_EXEC_END, _FINAL])
+    tail = text[plan_end:]  # a verdict written inside the plan section never counts
+    finals = list(re.finditer(_FINAL, tail, flags=_FLAGS))
     if finals:
-        letters, lenient = _letters(text[finals[-1].end() :])
+        letters, lenient = _letters(tail[finals[-1].end() :])
     else:
-        letters, lenient = {x.upper() for x in re.findall(_DOUBLE, text)}, True
+        letters, lenient = {x.upper() for x in re.findall(_DOUBLE, tail)}, True
     if not letters:
         return Evaluation(plan, execution, None, VerdictStatus.NO_VERDICT)
     if len(letters) > 1:
         return Evaluation(plan, execution, None, VerdictStatus.BOTH_VERDICTS)
     verdict = letters.pop()
-    complete = has_exec and exec_closed and (not expect_plan or (has_plan and plan_closed))
+    complete = ((not expect_execution or (has_exec and exec_closed))
+                and (not expect_plan or (has_plan and plan_closed)))
     status = VerdictStatus.OK if complete and not lenient else VerdictStatus.MALFORMED
     return Evaluation(plan, execution, verdict, status)
 
@@ -108,7 +118,7 @@ def parse_evaluation(text: str, *, expect_plan: bool = True) -> Evaluation:
 def parse_plan(text: str) -> str:
     """Plan-stage output -> plan text (markers, if the model wrote them, are removed)."""
     text = strip_thinking(text if isinstance(text, str) else "")
-    plan, found, _ = _section(text, _PLAN_START, [_PLAN_END, _EXEC_START, _FINAL])
+    plan, found, _, _ = _section(text, _PLAN_START, [_PLAN_END, _EXEC_START, _FINAL])
     return plan if found else text.strip()
 
 

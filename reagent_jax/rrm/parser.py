@@ -8,15 +8,20 @@ Rules (documented here because they decide rewards):
   * Tags match case-insensitively with inner spaces: `<Score>`, `< score >`, `</ SCORE >`.
   * think: the text of `<think>...</think>` blocks (non-empty ones joined); with only `</think>`
     (Qwen3 thinking output, the opening tag was in the prompt), everything before it.
-  * critique and score are looked for after the last `</think>` first, then in the whole text.
+  * critique and score are looked for after the last `</think>` first, then in the text outside
+    the think blocks: a verdict written inside a closed `<think>` never counts. (An unclosed
+    `<think>` ends at the next tag, so a cut-off reply's blocks after it are read, status
+    unclosed_tag.)
   * critique: the last complete `<critique>` block (else an unclosed one); empty -> missing_critique.
   * Several complete `<score>` blocks: the LAST one with a number wins (status multiple_scores);
     an unclosed trailing `<score>` counts as the last one.
   * Score forms: "0.8", ".8", "8/10", "8 out of 10", "80%"; the first number form in the block
     counts. Out of [0, 1] -> clamped (status clamped). No number, or nan/inf -> `fallback_score`
     (status bad_score). No score block at all -> `fallback_score` (status missing_score).
+    Numbers may carry an exponent ("5e-1") or a unicode minus.
   * An unclosed block (`<score>0.7` at the end of a cut-off reply) is read up to the next tag or
     the end (status unclosed_tag).
+  * Parsing is linear in the reply's length (tags are paired in one pass, no backtracking regex).
   * `status` is the most severe issue, in `JudgementStatus` order; `issues` lists all of them.
 """
 
@@ -63,40 +68,69 @@ class Judgement:
         return self.status is JudgementStatus.OK
 
 
-def _tag(name: str, closing: bool = False) -> str:
-    return r"<\s*" + (r"/\s*" if closing else "") + name + r"\s*>"
+_TAG_NAMES = ("think", "critique", "score", "scores", "confidence")
+# One optional "/" between two runs of spaces would backtrack quadratically on "<" + many spaces.
+_TAG_RE = re.compile(r"<\s*(?:(/)\s*)?(think|critique|scores|score|confidence)\s*>", re.IGNORECASE)
 
 
-def _complete_blocks(text: str, name: str) -> list[str]:
-    return re.findall(_tag(name) + r"(.*?)" + _tag(name, True), text, flags=re.IGNORECASE | re.DOTALL)
+@dataclasses.dataclass
+class _Blocks:
+    """Where one tag's blocks are: complete (open_start, content_start, content_end, close_end)
+    spans, the trailing unclosed block's (content_start, content_end), and every closing tag."""
+
+    complete: list[tuple[int, int, int, int]]
+    unclosed: tuple[int, int] | None
+    closes: list[tuple[int, int]]
 
 
-_ANY_TAG = r"<\s*/?\s*(?:think|critique|score|scores|confidence)\s*>"
+def _scan(text: str) -> dict[str, _Blocks]:
+    """Blocks of every known tag in one pass over the tags, so parsing stays linear in the text.
+
+    Complete blocks are what `re.findall("<x>(.*?)</x>")` gives (an opening tag pairs with the
+    first closing tag after it); the unclosed block is the text after the last opening tag with no
+    closing tag after it, up to the next known tag (or the end)."""
+    tags = [(m.start(), m.end(), m.group(2).lower(), bool(m.group(1))) for m in _TAG_RE.finditer(text)]
+    out = {}
+    for name in _TAG_NAMES:
+        opens = [k for k, t in enumerate(tags) if t[2] == name and not t[3]]
+        closes = [(t[0], t[1]) for t in tags if t[2] == name and t[3]]
+        complete, j, pos = [], 0, 0
+        for k in opens:
+            start, end = tags[k][0], tags[k][1]
+            if start < pos:
+                continue
+            while j < len(closes) and closes[j][0] < end:
+                j += 1
+            if j == len(closes):
+                break
+            complete.append((start, end, closes[j][0], closes[j][1]))
+            pos = closes[j][1]
+            j += 1
+        unclosed = None
+        if opens and not (closes and closes[-1][0] >= tags[opens[-1]][1]):
+            k = opens[-1]
+            unclosed = (tags[k][1], tags[k + 1][0] if k + 1 < len(tags) else len(text))
+        out[name] = _Blocks(complete, unclosed, closes)
+    return out
 
 
-def _unclosed_block(text: str, name: str) -> str | None:
-    """Text after the last opening tag that has no closing tag, up to the next known tag."""
-    opens = list(re.finditer(_tag(name), text, flags=re.IGNORECASE))
-    if not opens:
-        return None
-    rest = text[opens[-1].end() :]
-    if re.search(_tag(name, True), rest, flags=re.IGNORECASE):
-        return None
-    nxt = re.search(_ANY_TAG, rest, flags=re.IGNORECASE)
-    return rest[: nxt.start()] if nxt else rest
+_NUM = r"[-+\u2212]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+\u2212]?\d+)?"
 
 
-_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
+def _float(raw: str) -> float:
+    return float(raw.replace("\u2212", "-"))
 
 
 def parse_number(text: str) -> float | None:
-    """First "a/b", "a out of b", "a%" or plain number in `text` as a float (None if there is none)."""
+    """First "a/b", "a out of b", "a%" or plain number in `text` as a float (None if there is none).
+
+    Plain numbers may use an exponent ("5e-1") and a unicode minus ("\u22120.5")."""
     m = re.search(rf"({_NUM})\s*(?:(/|out\s+of)\s*({_NUM})|(%))?", text, flags=re.IGNORECASE)
     if not m:
         return None
-    value = float(m.group(1))
+    value = _float(m.group(1))
     if m.group(2):
-        denom = float(m.group(3))
+        denom = _float(m.group(3))
         if denom == 0:
             return None
         value /= denom
@@ -110,13 +144,53 @@ def _unit(value: float) -> tuple[float, bool]:
     return clamped, clamped != value
 
 
+_ITEM_END = re.compile(r"[;,\n]")
+
+
+def _is_name_char(ch: str) -> bool:
+    return ch.isalnum() or ch in "_ "
+
+
 def _parse_sub_scores(block: str) -> dict[str, float]:
-    out = {}
-    for key, raw in re.findall(r"([A-Za-z_][\w ]*?)\s*[=:]\s*([^;,\n]+)", block):
-        value = parse_number(raw)
+    r""""name = value" items (value up to ";", "," or a newline) in one linear scan, exactly as the
+    regex `([A-Za-z_][\w ]*?)\s*[=:]\s*([^;,\n]+)` finds them; the regex itself backtracks
+    quadratically over a long run of words without a separator."""
+    out, pos = {}, 0
+    for sep in re.finditer(r"[=:]", block):
+        if sep.start() < pos:  # inside the previous item's value
+            continue
+        end = sep.start()
+        while end > pos and block[end - 1].isspace():
+            end -= 1
+        start = end
+        while start > pos and _is_name_char(block[start - 1]):
+            start -= 1
+        first = re.search(r"[A-Za-z_]", block[start:end])
+        if first is None:
+            continue
+        k = sep.end()
+        while k < len(block) and block[k].isspace():
+            k += 1
+        stop = _ITEM_END.search(block, k)
+        value_end = stop.start() if stop else len(block)
+        if k == value_end:
+            continue
+        pos = value_end
+        value = parse_number(block[k:value_end])
         if value is not None:
-            out[key.strip().lower().replace(" ", "_")] = _unit(value)[0]
+            out[block[start + first.start() : end].strip().lower().replace(" ", "_")] = _unit(value)[0]
     return out
+
+
+def _outside_think(text: str, think: _Blocks) -> str:
+    """The text with every think block (or, Qwen3-style, all before a lone `</think>`) removed."""
+    if not think.complete:
+        return text[think.closes[0][1] :] if think.closes else text
+    pieces, pos = [], 0
+    for start, _, _, end in think.complete:
+        pieces.append(text[pos:start])
+        pos = end
+    return "\n".join(pieces + [text[pos:]])
 
 
 def parse_judgement(text: str, *, fallback_score: float = DEFAULT_FALLBACK_SCORE) -> Judgement:
@@ -127,25 +201,26 @@ def parse_judgement(text: str, *, fallback_score: float = DEFAULT_FALLBACK_SCORE
     issues: set[JudgementStatus] = set()
 
     # think
-    thinks = [t.strip() for t in _complete_blocks(text, "think")]
-    think = "\n\n".join(t for t in thinks if t)
-    close_think = list(re.finditer(_tag("think", True), text, flags=re.IGNORECASE))
-    if not thinks and close_think:  # Qwen3: "<think>" was part of the prompt
-        think = text[: close_think[0].start()].strip()
-    if not thinks and not close_think:
-        unclosed = _unclosed_block(text, "think")
-        if unclosed is not None:
-            think = unclosed.strip()
-            issues.add(JudgementStatus.UNCLOSED_TAG)
+    think_blocks = _scan(text)["think"]
+    think = "\n\n".join(t for t in (text[s:e].strip() for _, s, e, _ in think_blocks.complete) if t)
+    close_think = think_blocks.closes
+    if not think_blocks.complete and close_think:  # Qwen3: "<think>" was part of the prompt
+        think = text[: close_think[0][0]].strip()
+    if not think_blocks.complete and not close_think and think_blocks.unclosed is not None:
+        think = text[slice(*think_blocks.unclosed)].strip()
+        issues.add(JudgementStatus.UNCLOSED_TAG)
     if not think:
         issues.add(JudgementStatus.MISSING_THINK)
-    after_think = text[close_think[-1].end() :] if close_think else text
+    # The verdict comes after the last </think>, else from outside the think blocks; never from inside.
+    region_texts = [text[close_think[-1][1] :], _outside_think(text, think_blocks)] if close_think else [text]
+    regions = [(t, _scan(t)) for t in region_texts]
 
     def blocks(name: str) -> tuple[list[str], str | None]:
-        for region in (after_think, text):
-            found, unclosed = _complete_blocks(region, name), _unclosed_block(region, name)
-            if found or unclosed is not None:
-                return found, unclosed
+        for region_text, region in regions:
+            b = region[name]
+            if b.complete or b.unclosed is not None:
+                unclosed = region_text[slice(*b.unclosed)] if b.unclosed is not None else None
+                return [region_text[s:e] for _, s, e, _ in b.complete], unclosed
         return [], None
 
     # critique

@@ -15,6 +15,8 @@ over lam_warmup steps), multi-dimensional sub-scores (logged when the judge emit
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Optional
 
 import numpy as np
@@ -33,6 +35,18 @@ class RRMConfig:
     refine_below: float = 1.0             # selective refinement: refine when score < this (1.0: all)
     judge_refined: bool = True            # Reagent-U: also judge second attempts (for lam > 0)
 
+    def __post_init__(self):
+        # A NaN or negative weight would silently poison or invert every reward of the run.
+        for name in ("lam", "lam_start"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"RRMConfig.{name} must be a finite number >= 0, got {v!r}")
+        if isinstance(self.lam_warmup, bool) or not isinstance(self.lam_warmup, int) or self.lam_warmup < 0:
+            raise ValueError(f"RRMConfig.lam_warmup must be an int >= 0, got {self.lam_warmup!r}")
+        if not (isinstance(self.refine_below, numbers.Real) and not math.isnan(self.refine_below)):
+            raise ValueError(f"RRMConfig.refine_below must be a number (score < it is refined), "
+                             f"got {self.refine_below!r}")
+
 
 def _lam(c: RRMConfig, step: int) -> float:
     if c.lam_start is None or c.lam_warmup <= 0:
@@ -48,8 +62,8 @@ def _judge_metrics(judgements, prefix="rrm") -> dict:
     out = {f"{prefix}/score/mean": float(scores.mean()),
            f"{prefix}/parse_ok_frac": float(np.mean([j.status == JudgementStatus.OK for j in judgements]))}
     subs = [j.sub_scores for j in judgements if getattr(j, "sub_scores", None)]
-    for name in (subs[0] if subs else {}):
-        out[f"{prefix}/{name}/mean"] = float(np.mean([s.get(name, np.nan) for s in subs]))
+    for name in dict.fromkeys(k for s in subs for k in s):  # mean over the judgements that rated it
+        out[f"{prefix}/{name}/mean"] = float(np.mean([s[name] for s in subs if name in s]))
     return out
 
 
