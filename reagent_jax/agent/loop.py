@@ -8,15 +8,23 @@ overlaps with decoding. History is never re-rendered or re-prefilled: token-in, 
 
 Turn budget: after `max_turns - 1` tool turns, a final-step user message forbids tools and asks
 for the answer (`final_step_message`); the last turn is then the answer turn.
+
+Failures stay inside their episode: a bad record, an unparseable or unknown tool call, a tool or
+registry that raises, or a context that fills up gives that trajectory an "Error: ..." tool
+response or a finish_reason ("error" with `error` saying why, "length") and the others go on.
+A turn with a malformed call keeps its text verbatim in `messages` (no structured `tool_calls`),
+so the judge sees what the model wrote and `chat.render(messages, mode="train")` gives `tokens`.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import time
 from typing import Any, Callable, Optional, Sequence
 
 from reagent_jax import chat
+from reagent_jax.agent import tools
 from reagent_jax.agent.trajectory import ToolStats, Trajectory
 from reagent_jax.rollout import SamplingParams
 
@@ -39,6 +47,12 @@ class AgentConfig:
     max_tool_calls_per_turn: int = 4
     max_parallel_episodes: int = 256   # host threads driving episodes
     seed: int = 0
+
+    def __post_init__(self):
+        for name in ("max_turns", "max_tokens_per_turn", "max_tool_calls_per_turn", "max_parallel_episodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"AgentConfig.{name} must be an int >= 1, got {value!r}")
 
 
 def episode_seed(base: int, record_index: int, sample_index: int) -> int:
@@ -68,10 +82,15 @@ class AgentLoop:
 
     # ---- prompts ------------------------------------------------------------------------------
     def prompt_messages(self, record: dict) -> list[dict]:
+        question = record.get("question") if isinstance(record, dict) else None
+        if not isinstance(question, str) or not question.strip():
+            where = f"record {record['id']!r}" if isinstance(record, dict) and "id" in record else "record"
+            raise ValueError(f"{where}: 'question' must be a non-empty string, got {question!r:.100} "
+                             f"(a record is a dict with 'question', 'answer', 'data_source', 'id')")
         msgs = []
         if self.config.system_prompt:
             msgs.append({"role": "system", "content": self.config.system_prompt})
-        msgs.append({"role": "user", "content": record["question"]})
+        msgs.append({"role": "user", "content": question})
         return msgs
 
     def sampling(self, seed: int, greedy: bool = False) -> SamplingParams:
@@ -120,9 +139,13 @@ class AgentLoop:
 
     def run_episode(self, record: dict, sample_index: int = 0, seed: int = 0, greedy: bool = False,
                     keep_session: bool = False) -> Trajectory:
-        messages = self.prompt_messages(record)
-        tools = self.tool_schemas if (self.config.include_tool_schemas and self.tool_schemas) else None
-        prompt = chat.render(self.tok, messages, tools=tools, add_generation_prompt=True, mode="train")
+        try:
+            messages = self.prompt_messages(record)
+            schemas = self.tool_schemas if (self.config.include_tool_schemas and self.tool_schemas) else None
+            prompt = chat.render(self.tok, messages, tools=schemas, add_generation_prompt=True, mode="train")
+        except Exception as e:  # a broken record fails alone, not the whole batch
+            return Trajectory.failed(record if isinstance(record, dict) else {"question": record},
+                                     f"cannot build the prompt: {type(e).__name__}: {e}", sample_index=sample_index)
         traj = Trajectory(question=record, messages=list(messages), tokens=list(prompt.ids),
                           loss_mask=[0] * len(prompt.ids), logprobs=[0.0] * len(prompt.ids),
                           prompt_len=len(prompt.ids), turn_spans=[], sample_index=sample_index)
@@ -133,8 +156,17 @@ class AgentLoop:
         """A second attempt: prev's tokens (all context now, loss mask 0) + new messages, then the
         agent continues with a fresh turn budget. If prev kept its engine session, the new tokens
         are appended to its KV cache (no history recomputed); otherwise the prefix is prefilled."""
-        suffix = chat.close_assistant_turn(self.tok, prev.tokens) + list(
-            chat.render_suffix(self.tok, new_messages, add_generation_prompt=True).ids)
+        try:
+            if not prev.turn_spans:
+                raise ValueError(f"the previous attempt has no sampled turn to continue (finish_reason="
+                                 f"{prev.finish_reason!r}, error={prev.error!r})")
+            suffix = chat.close_assistant_turn(self.tok, prev.tokens) + list(
+                chat.render_suffix(self.tok, new_messages, add_generation_prompt=True).ids)
+        except Exception as e:  # this attempt fails alone
+            with contextlib.suppress(Exception):
+                self.release([prev])
+            return Trajectory.failed(prev.question, f"cannot continue: {type(e).__name__}: {e}",
+                                     messages=prev.messages, sample_index=prev.sample_index, attempt=prev.attempt + 1)
         tokens = list(prev.tokens) + suffix
         traj = Trajectory(question=prev.question, messages=list(prev.messages) + list(new_messages), tokens=tokens,
                           loss_mask=[0] * len(tokens), logprobs=[0.0] * len(tokens), prompt_len=len(tokens),
@@ -142,25 +174,31 @@ class AgentLoop:
         seed = (prev.extras.get("seed", prev.sample_index) * 7919 + prev.attempt) % (2 ** 31)
         sampling = self.sampling(seed, greedy)
         sid = prev.extras.pop("session_id", None)
-        if sid is not None and prev.finish_reason != "error":
-            if len(tokens) + 1 >= self.engine.max_len:
-                self.engine.release(sid)
-                traj.finish_reason, traj.error = "length", "no room left in the cache for a second attempt"
-                return traj
-            self.engine.append(sid, suffix, then_resume=sampling)
-            return self._drive(traj, sampling, sid=sid)
+        if sid is not None and prev.finish_reason != "error" and len(tokens) + 1 < self.engine.max_len:
+            try:
+                self.engine.append(sid, suffix, then_resume=sampling)
+            except Exception:  # noqa: BLE001 - e.g. the session is gone: prefill the prefix instead
+                pass
+            else:
+                return self._drive(traj, sampling, sid=sid)
         if sid is not None:
-            self.engine.release(sid)
-        return self._drive(traj, sampling, start_ids=tokens)
+            with contextlib.suppress(Exception):
+                self.engine.release(sid)
+        return self._drive(traj, sampling, start_ids=tokens)  # "length" when there is no room left
 
     def _drive(self, traj: Trajectory, sampling: SamplingParams, start_ids=None, sid=None,
                keep_session: bool = False) -> Trajectory:
         c, eng = self.config, self.engine
         if sid is None:
+            if len(start_ids) > eng.max_len - 1:
+                traj.finish_reason = "length"
+                traj.error = (f"the prompt has {len(start_ids)} tokens but the engine's max_len={eng.max_len} "
+                              "leaves no room to generate")
+                return traj
             try:
                 sid = eng.start(start_ids, sampling, multi_turn=True)
-            except ValueError as e:  # e.g. prompt longer than the cache
-                traj.finish_reason, traj.error = "error", str(e)
+            except Exception as e:  # e.g. a token id outside the model's vocabulary
+                traj.finish_reason, traj.error = "error", f"{type(e).__name__}: {e}"
                 return traj
         try:
             turn = 0
@@ -173,31 +211,32 @@ class AgentLoop:
                 traj.turn_spans.append((start, len(traj.tokens)))
                 text = self.tok.decode(res.tokens, skip_special_tokens=False)
                 text = text[:-len("<|im_end|>")] if text.endswith("<|im_end|>") else text
-                message, errors = chat.assistant_message_from_text(text, self.tool_names or None)
+                message, items = self._turn_message(text)
                 traj.messages.append(message)
                 traj.final_text = text
                 turn += 1
                 if res.finish_reason not in ("stop", "stop_string", "length"):
-                    traj.finish_reason, traj.error = "error", f"engine finish_reason={res.finish_reason}"
-                    return traj
-                calls = message.get("tool_calls", [])
-                if not calls and not errors:
-                    traj.finish_reason = "answer" if "\\boxed" in text else "no_answer"
+                    traj.finish_reason = "error"
+                    traj.error = f"engine finish_reason={res.finish_reason}" + (f": {res.error}" if res.error else "")
                     return traj
                 if res.finish_reason == "length" and len(traj.tokens) >= eng.max_len - 1:
-                    traj.finish_reason = "length"
+                    traj.finish_reason = "length"  # cut by the context, whatever the cut text holds
+                    return traj
+                if not items:
+                    traj.finish_reason = "answer" if "\\boxed" in message["content"] else "no_answer"
                     return traj
                 if turn >= c.max_turns:
                     traj.finish_reason = "max_turns"
                     return traj
-                tool_msgs = self._run_tools(calls, errors, traj.tool_stats)
-                new_msgs = list(tool_msgs)
+                new_msgs = self._run_tools(items, traj.tool_stats)
                 if turn == c.max_turns - 1:
                     new_msgs.append({"role": "user", "content": c.final_step_message})
                 suffix = chat.close_assistant_turn(self.tok, res.tokens) + list(
                     chat.render_suffix(self.tok, new_msgs, add_generation_prompt=True).ids)
                 if len(traj.tokens) + len(suffix) + 1 >= eng.max_len:
                     traj.finish_reason = "length"
+                    traj.error = (f"no room for the next turn: {len(traj.tokens)} tokens + {len(suffix)} of tool "
+                                  f"responses leave no position to generate in max_len={eng.max_len}")
                     return traj
                 traj.messages.extend(new_msgs)
                 traj.tokens.extend(suffix)
@@ -211,34 +250,65 @@ class AgentLoop:
             if keep_session and traj.finish_reason != "error":
                 traj.extras["session_id"] = sid
             else:
-                try:
+                with contextlib.suppress(Exception):
                     eng.release(sid)
-                except Exception:
-                    pass
 
-    def _run_tools(self, calls: list[dict], errors: list, stats: ToolStats) -> list[dict]:
-        """Executes parsed calls (in parallel, results in call order) and appends one readable
-        "Error: ..." observation per failed call or unparseable call."""
-        items = [c.get("function", c) for c in calls]  # {"name", "arguments"}
-        stats.parse_errors += len(errors)
+    def _turn_message(self, text: str) -> tuple[dict, list]:
+        """The assistant message of a sampled turn and its tool-call items (ToolCall or ToolCallError,
+        in order). Calls to tools this loop does not offer are errors. A turn with any malformed call
+        keeps its answer text verbatim (no `tool_calls`), so nothing the model wrote is dropped."""
+        items = chat.parse_tool_calls(text, self.tool_names)
+        if all(isinstance(it, chat.ToolCall) for it in items):
+            return chat.assistant_message_from_text(text, self.tool_names)[0], items
+        reasoning, answer = chat.split_reasoning(text)
+        message = {"role": "assistant", "content": answer}
+        if "</think>" in text:
+            message["reasoning_content"] = reasoning
+        return message, items
+
+    def _call_tools(self, calls: list) -> list:
+        """ToolOutputs of the parsed calls, in order; a registry that fails or answers short gives
+        error outputs instead of ending the episode."""
+        if not calls:
+            return []
+        if self.registry is None:
+            return [tools.unknown_tool_output(call.name, []) for call in calls]
+        try:
+            outputs = list(self.registry.call_many([(call.name, call.arguments) for call in calls]))
+        except Exception as e:  # noqa: BLE001 - a tool bug must not end the episode
+            failed = tools.ToolOutput.error(tools.RUNTIME_ERROR, f"the tool failed: {type(e).__name__}: {e}")
+            outputs = [failed] * len(calls)
+        missing = tools.ToolOutput.error(tools.RUNTIME_ERROR, "the tool registry returned no output for this call")
+        outputs = [o if isinstance(o, tools.ToolOutput) else missing for o in outputs[:len(calls)]]
+        return outputs + [missing] * (len(calls) - len(outputs))
+
+    def _run_tools(self, items: list, stats: ToolStats) -> list[dict]:
+        """One tool message per call item, in the order the model wrote them: the output of each
+        well-formed call (run in parallel), or a readable "Error: ..." for a call that could not be
+        parsed, failed, or exceeds `max_tool_calls_per_turn`."""
         limit = self.config.max_tool_calls_per_turn
-        run = items[:limit]
+        calls = [it for it in items if isinstance(it, chat.ToolCall)]
+        run = calls[:limit]
         t0 = time.perf_counter()
-        outputs = self.registry.call_many([(it["name"], it.get("arguments", {})) for it in run]) if run else []
+        outputs = dict(zip((id(call) for call in run), self._call_tools(run)))
         stats.seconds += time.perf_counter() - t0
         msgs = []
-        for it, out in zip(run, outputs):
+        for it in items:
+            if not isinstance(it, chat.ToolCall):
+                stats.parse_errors += 1
+                msgs.append({"role": "tool", "name": "error", "content": f"Error: {it.message}"})
+                continue
+            out = outputs.get(id(it))
+            if out is None:
+                msgs.append({"role": "tool", "name": it.name,
+                             "content": f"Error: at most {limit} tool calls per turn; this call was not run."})
+                continue
             stats.calls += 1
-            stats.by_tool[it["name"]] = stats.by_tool.get(it["name"], 0) + 1
+            stats.by_tool[it.name] = stats.by_tool.get(it.name, 0) + 1
             text = out.text
             if not out.ok:
                 stats.failures += 1
                 if not text.lower().startswith("error"):
                     text = f"Error ({out.error_kind}): {text}"
-            msgs.append({"role": "tool", "name": it["name"], "content": text})
-        for it in items[limit:]:
-            msgs.append({"role": "tool", "name": it["name"],
-                         "content": f"Error: at most {limit} tool calls per turn; this call was not run."})
-        for e in errors:
-            msgs.append({"role": "tool", "name": "error", "content": f"Error: {e.message}"})
+            msgs.append({"role": "tool", "name": it.name, "content": text})
         return msgs

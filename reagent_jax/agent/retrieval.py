@@ -74,6 +74,9 @@ class BM25Index:
             raise RetrievalError("cannot index an empty corpus")
         self.docs = docs
         tokens = bm25s.tokenize([d["contents"] for d in docs], stopwords="en", show_progress=False)
+        if not tokens.vocab:  # bm25s would fail with "max() arg is an empty sequence"
+            raise RetrievalError(f"the corpus ({len(docs)} documents) has no indexable words: every document is "
+                                 "empty, stopwords only, or one-letter tokens")
         self._bm25 = bm25s.BM25(k1=k1, b=b)
         self._bm25.index(tokens, show_progress=False)
         self._lock = threading.Lock()  # bm25s keeps no per-query state, but make no assumption

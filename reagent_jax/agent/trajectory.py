@@ -9,7 +9,7 @@ the Agent-RRM prompt and SFT export); it is never re-tokenised for training.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 FINISH = ("answer", "max_turns", "length", "no_answer", "error")
 
@@ -40,6 +40,13 @@ class Trajectory:
     critique: Optional[str] = None
     error: Optional[str] = None
     extras: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def failed(cls, question: dict[str, Any], error: str, *, messages: Sequence[dict] = (), sample_index: int = 0,
+               attempt: int = 1) -> "Trajectory":
+        """An episode that ended before sampling a token (finish_reason "error", scored wrong)."""
+        return cls(question=question, messages=list(messages), tokens=[], loss_mask=[], logprobs=[], prompt_len=0,
+                   turn_spans=[], finish_reason="error", sample_index=sample_index, attempt=attempt, error=error)
 
     @property
     def num_turns(self) -> int:

@@ -20,6 +20,7 @@ NOT_FOUND = "not_found"
 UNSUPPORTED = "unsupported"
 RUNTIME_ERROR = "runtime_error"
 UNKNOWN_TOOL = "unknown_tool"
+PERMISSION_DENIED = "permission_denied"  # a path outside the folders the file tools may read
 
 
 @dataclasses.dataclass
@@ -47,7 +48,9 @@ def truncate_middle(text: str, limit: int) -> str:
     if limit <= 0 or len(text) <= limit:
         return text
     note = f"\n\n[... truncated: the output had {len(text)} characters; the middle is omitted ...]\n\n"
-    keep = max(0, limit - len(note))
+    if limit <= len(note):  # no room for the note: a plain cut keeps the limit
+        return text[:limit]
+    keep = limit - len(note)
     head = keep // 2
     return text[:head] + note + text[len(text) - (keep - head):]
 
@@ -56,6 +59,16 @@ _JSON_TYPES = {
     "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
     "array": (list, tuple), "object": (dict,),
 }
+
+
+def _is_type(value: Any, json_type: str) -> bool:
+    """Whether `value` is of a JSON-schema type (booleans are not numbers; unknown types match all)."""
+    if json_type == "null":
+        return value is None
+    if json_type not in _JSON_TYPES:
+        return True
+    return isinstance(value, _JSON_TYPES[json_type]) and not (json_type in ("integer", "number")
+                                                               and isinstance(value, bool))
 
 
 def _type_name(value: Any) -> str:
@@ -89,12 +102,12 @@ def validate_arguments(parameters: dict, arguments: Any) -> dict:
             continue
         value = arguments[name]
         expected = spec.get("type")
-        ok_type = expected is None or (isinstance(value, _JSON_TYPES[expected])
-                                       and not (expected in ("integer", "number") and isinstance(value, bool)))
-        if expected == "integer" and isinstance(value, float) and value.is_integer():
+        allowed = [expected] if isinstance(expected, str) else list(expected or [])  # "t" or ["t", "null"]
+        ok_type = not allowed or any(_is_type(value, t) for t in allowed)
+        if not ok_type and "integer" in allowed and isinstance(value, float) and value.is_integer():
             value, ok_type = int(value), True
         if not ok_type:
-            raise ToolError(BAD_ARGUMENTS, f"argument {name!r} must be of type {expected}, "
+            raise ToolError(BAD_ARGUMENTS, f"argument {name!r} must be of type {' or '.join(allowed)}, "
                                            f"got {_type_name(value)}")
         if "enum" in spec and value not in spec["enum"]:
             raise ToolError(BAD_ARGUMENTS, f"argument {name!r} must be one of {spec['enum']}, got {value!r}")

@@ -15,7 +15,6 @@ import zipfile
 from typing import Callable
 
 from reagent_jax.agent.tools.base import (
-    BAD_ARGUMENTS,
     NOT_FOUND,
     RUNTIME_ERROR,
     UNSUPPORTED,
@@ -23,6 +22,7 @@ from reagent_jax.agent.tools.base import (
     ToolError,
     resolve_config,
 )
+from reagent_jax.agent.tools.local_files import resolve_local_path, roots_from_env
 
 _TEXT_EXTS = {".txt", ".md", ".markdown", ".py", ".log", ".rst", ".tex", ".yaml", ".yml", ".toml", ".ini",
               ".cfg", ".sh", ".js", ".ts", ".c", ".h", ".cpp", ".java", ".go", ".rs", ".sql", ".html", ".htm",
@@ -33,9 +33,22 @@ _OTHER_TOOLS = {".png": "image2text", ".jpg": "image2text", ".jpeg": "image2text
                 ".ogg": "audio2text"}
 
 
-def _decode(data: bytes) -> str:
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
+# byte-order marks, longest first (the UTF-32-LE mark starts with the UTF-16-LE one)
+_BOMS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe\x00\x00", "utf-32-le"), (b"\x00\x00\xfe\xff", "utf-32-be"),
+         (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
+
+
+def _decode(data: bytes, name: str = "the file") -> str:
+    """Text of `data`: by its byte-order mark, else UTF-8, else Latin-1 (never fails on text). NUL
+    bytes without a UTF-16/32 mark mean a binary file, refused rather than passed on as garbage."""
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            try:
+                return data[len(bom):].decode(encoding)
+            except UnicodeDecodeError:
+                break
+    if b"\x00" in data[:8192]:
+        raise ToolError(UNSUPPORTED, f"{name} looks like a binary file (it contains NUL bytes), not text")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -43,19 +56,19 @@ def _decode(data: bytes) -> str:
 
 
 def _text(data: bytes, name: str) -> str:
-    return _decode(data)
+    return _decode(data, name)
 
 
 def _json(data: bytes, name: str) -> str:
     try:
-        return json.dumps(json.loads(_decode(data)), indent=2, ensure_ascii=False)
+        return json.dumps(json.loads(_decode(data, name)), indent=2, ensure_ascii=False)
     except json.JSONDecodeError as exc:
         raise ToolError(RUNTIME_ERROR, f"{name} is not valid JSON: {exc}") from None
 
 
 def _jsonl(data: bytes, name: str) -> str:
     lines = []
-    for line_no, line in enumerate(_decode(data).splitlines(), 1):
+    for line_no, line in enumerate(_decode(data, name).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -70,7 +83,7 @@ def _rows_to_text(rows) -> str:
 
 
 def _csv(data: bytes, name: str) -> str:
-    text = _decode(data)
+    text = _decode(data, name)
     try:
         dialect = csv.Sniffer().sniff(text[:4096], delimiters=",;\t|")
     except csv.Error:
@@ -167,12 +180,12 @@ def convert_bytes(data: bytes, ext: str, name: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class FileReaderConfig:
-    root: str | None = None            # relative paths resolve against it (REAGENT_FILES_ROOT)
+    root: str | None = None            # readable folders, os.pathsep-joined (REAGENT_FILES_ROOT); see local_files
     max_file_bytes: int = 50_000_000
 
     @classmethod
     def from_env(cls, **overrides) -> "FileReaderConfig":
-        values = dict(root=os.environ.get("REAGENT_FILES_ROOT") or None)
+        values = dict(root=roots_from_env())
         values.update(overrides)
         return cls(**values)
 
@@ -194,13 +207,6 @@ class FileReaderTool(Tool):
         self.config = resolve_config(FileReaderConfig, config, overrides)
         super().__init__(timeout_s=timeout_s, max_output_chars=max_output_chars)
 
-    def _resolve(self, path: str) -> str:
-        path = os.path.expanduser(path.strip())
-        if path.startswith("file://"):
-            path = path[len("file://"):]
-        if not os.path.isabs(path) and self.config.root:
-            path = os.path.join(self.config.root, path)
-        return path
 
     def _read_file(self, path: str) -> bytes:
         size = os.path.getsize(path)
@@ -210,9 +216,7 @@ class FileReaderTool(Tool):
             return f.read()
 
     def run(self, path: str) -> str:
-        path = self._resolve(path)
-        if "\x00" in path:
-            raise ToolError(BAD_ARGUMENTS, "argument 'path' contains a NUL byte")
+        path = resolve_local_path(path, self.config.root)
         if os.path.isdir(path):
             entries = sorted(os.listdir(path))[:200]
             raise ToolError(UNSUPPORTED, f"{path} is a directory; files in it: {', '.join(entries) or '(none)'}")
