@@ -20,6 +20,7 @@ from reagent_jax.agent.tools.base import (
     BAD_ARGUMENTS,
     NOT_CONFIGURED,
     NOT_FOUND,
+    PERMISSION_DENIED,
     RUNTIME_ERROR,
     TIMEOUT,
     UNKNOWN_TOOL,
@@ -143,4 +144,4 @@ def schemas(names: Iterable[str] = TOOL_NAMES) -> list[dict]:
 __all__ = ["TOOL_NAMES", "Tool", "ToolError", "ToolOutput", "ToolRegistry", "build_registry", "call", "call_many",
            "default_registry", "get", "schemas", "tool_class", "truncate_middle", "unknown_tool_output",
            "validate_arguments",
-           "BAD_ARGUMENTS", "NOT_CONFIGURED", "NOT_FOUND", "RUNTIME_ERROR", "TIMEOUT", "UNKNOWN_TOOL", "UNSUPPORTED"]
+           "BAD_ARGUMENTS", "NOT_CONFIGURED", "NOT_FOUND", "PERMISSION_DENIED", "RUNTIME_ERROR", "TIMEOUT", "UNKNOWN_TOOL", "UNSUPPORTED"]

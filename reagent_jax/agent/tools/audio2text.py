@@ -16,6 +16,7 @@ import tempfile
 import wave
 
 from reagent_jax.agent.tools.base import NOT_CONFIGURED, NOT_FOUND, RUNTIME_ERROR, Tool, ToolError, resolve_config
+from reagent_jax.agent.tools.local_files import resolve_local_path, roots_from_env
 from reagent_jax.agent.tools.remote_model import RemoteModel
 
 
@@ -63,11 +64,12 @@ class Audio2TextConfig:
     asr: RemoteModel = RemoteModel()
     segment_s: float = 30.0
     language: str | None = None
+    root: str | None = None          # readable folders (REAGENT_FILES_ROOT); see local_files
 
     @classmethod
     def from_env(cls, **overrides) -> "Audio2TextConfig":
         values = dict(asr=RemoteModel.from_env("REAGENT_ASR", default_model="whisper-1", timeout_s=120.0),
-                      language=os.environ.get("REAGENT_ASR_LANGUAGE") or None)
+                      language=os.environ.get("REAGENT_ASR_LANGUAGE") or None, root=roots_from_env())
         values.update(overrides)
         return cls(**values)
 
@@ -89,6 +91,7 @@ class Audio2TextTool(Tool):
         super().__init__(timeout_s=timeout_s, max_output_chars=max_output_chars)
 
     def run(self, path: str) -> str:
+        path = resolve_local_path(path, self.config.root)
         if not os.path.isfile(path):
             raise ToolError(NOT_FOUND, f"no such file: {path}")
         endpoint = self.config.asr

@@ -22,6 +22,7 @@ import httpx
 from reagent_jax.agent import retrieval
 from reagent_jax.agent.tools import file_reader
 from reagent_jax.agent.tools.base import NOT_FOUND, RUNTIME_ERROR, Tool, ToolError, resolve_config
+from reagent_jax.agent.tools.local_files import resolve_local_path, roots_from_env
 from reagent_jax.agent.tools.remote_model import RemoteModel
 
 _HTML_EXTS = {".html", ".htm", ".xhtml"}
@@ -41,10 +42,11 @@ class BrowseConfig:
     top_chunks: int = 4
     start_chars: int = 3000          # shown from the top when there is no query or nothing matches
     max_summary_input_chars: int = 24_000
+    root: str | None = None          # local files it may open (REAGENT_FILES_ROOT); see local_files
 
     @classmethod
     def from_env(cls, **overrides) -> "BrowseConfig":
-        values = dict(page_store=os.environ.get("REAGENT_BROWSE_PAGES") or None,
+        values = dict(page_store=os.environ.get("REAGENT_BROWSE_PAGES") or None, root=roots_from_env(),
                       allow_network=os.environ.get("REAGENT_BROWSE_NETWORK", "1") not in ("0", "false", "no"),
                       summariser=RemoteModel.from_env("REAGENT_BROWSE", fallback_prefix="REAGENT_LLM"))
         values.update(overrides)
@@ -162,8 +164,14 @@ class BrowseTool(Tool):
             if _normalise_url(url) in pages:
                 return html_to_text(pages[_normalise_url(url)])
         parsed = urllib.parse.urlparse(url)
-        if parsed.scheme == "file" or (parsed.scheme == "" and os.path.exists(url)):
-            path = urllib.parse.unquote(parsed.path) if parsed.scheme == "file" else url
+        local = None
+        if parsed.scheme == "file":
+            local = resolve_local_path(urllib.parse.unquote(parsed.path), self.config.root)
+        elif parsed.scheme == "" and url.strip():
+            candidate = resolve_local_path(url, self.config.root)
+            local = candidate if os.path.exists(candidate) else None
+        if local is not None:
+            path = local
             if not os.path.isfile(path):
                 raise ToolError(NOT_FOUND, f"no such file: {path}")
             with open(path, "rb") as f:

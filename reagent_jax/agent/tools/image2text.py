@@ -13,6 +13,7 @@ import io
 import os
 
 from reagent_jax.agent.tools.base import NOT_FOUND, RUNTIME_ERROR, UNSUPPORTED, Tool, ToolError, resolve_config
+from reagent_jax.agent.tools.local_files import resolve_local_path, roots_from_env
 from reagent_jax.agent.tools.remote_model import RemoteModel
 
 _NAMED_COLOURS = {
@@ -62,11 +63,12 @@ class Image2TextConfig:
     ocr_lang: str = "eng"
     max_side: int = 2048             # images sent to a vision model are downscaled to this
     max_pixels: int = 50_000_000     # refuse decompression bombs
+    root: str | None = None          # readable folders (REAGENT_FILES_ROOT); see local_files
 
     @classmethod
     def from_env(cls, **overrides) -> "Image2TextConfig":
         values = dict(vision=RemoteModel.from_env("REAGENT_VISION"),
-                      ocr_lang=os.environ.get("REAGENT_OCR_LANG", "eng"))
+                      ocr_lang=os.environ.get("REAGENT_OCR_LANG", "eng"), root=roots_from_env())
         values.update(overrides)
         return cls(**values)
 
@@ -105,7 +107,7 @@ class Image2TextTool(Tool):
         return image
 
     def run(self, path: str, question: str = "") -> str:
-        image = self._open(path)
+        image = self._open(resolve_local_path(path, self.config.root))
         if self.config.vision.configured:
             return self._ask_vision_model(image, question or _DEFAULT_QUESTION)
         return self._describe_offline(image, path, question)
