@@ -9,6 +9,7 @@ r"""Converts downloaded datasets to the local schemas of `reagent_jax/data/schem
       --data_source=gaia
 
 --input: files, directories (every .jsonl / .json / .parquet below them) or globs, comma-separated.
+A .json file may hold a list of rows, {"data": [...]}, one row, or JSON Lines; a UTF-8 BOM is fine.
 Fields are found under the names below (the first present wins; `a.b` is a nested field);
 `--field_map=answer=ground_truth.target,question=prompt` names them explicitly instead.
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import sys
 from typing import Any, Iterator, Mapping, Optional
@@ -70,6 +72,9 @@ ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant"
                 "ipython": "tool", "function_response": "tool", "function_call": "assistant"}
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
 class ConvertError(ValueError):
     """A row cannot be converted; the message says which field and why."""
 
@@ -90,7 +95,9 @@ def input_files(spec: str) -> list[str]:
 
 
 def read_rows(path: str) -> Iterator[tuple[str, Any]]:
-    """(where, row) for every row of a .jsonl, .json (a list, or {"data": [...]}) or .parquet file."""
+    """(where, row) for every row of a .jsonl, .json (a list, {"data": [...]}, one object, or JSON
+    Lines under a .json name) or .parquet file. A UTF-8 BOM is ignored; a line that is not UTF-8
+    or not JSON comes as a ConvertError (skipped and counted), as does an unreadable JSON array."""
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
         n = 0
@@ -98,22 +105,41 @@ def read_rows(path: str) -> Iterator[tuple[str, Any]]:
             for row in batch.to_pylist():
                 n += 1
                 yield f"{path}:{n}", row
-    elif path.endswith(".json"):
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        rows = data.get("data", data.get("rows")) if isinstance(data, dict) else data
-        if not isinstance(rows, list):
-            raise ConvertError(f"{path}: expected a JSON list of rows (or {{\"data\": [...]}})")
-        for i, row in enumerate(rows, 1):
-            yield f"{path}:{i}", row
-    else:
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        yield f"{path}:{i}", json.loads(line)
-                    except json.JSONDecodeError as e:
-                        yield f"{path}:{i}", ConvertError(f"not valid JSON ({e.msg})")
+        return
+    with open(path, "rb") as f:
+        head = f.read(4096).removeprefix(_BOM).lstrip()[:1]
+    if head == b"[" or (head == b"{" and path.endswith(".json")):  # one JSON document, or JSON Lines
+        try:
+            with open(path, encoding="utf-8-sig") as f:
+                data = json.load(f)
+        except UnicodeDecodeError as e:
+            yield f"{path}", ConvertError(f"not valid UTF-8 ({e.reason} at byte {e.start})")
+            return
+        except json.JSONDecodeError as e:
+            if head == b"[":
+                yield f"{path}:{e.lineno}", ConvertError(f"not valid JSON ({e.msg} at column {e.colno}); "
+                                                          "the whole array is unreadable")
+                return
+            data = None  # not one document: JSON Lines saved as .json (common on the hub)
+        if data is not None:
+            rows = data.get("data", data.get("rows")) if isinstance(data, dict) else data
+            if not isinstance(rows, list):  # one object: a one-row file (or metadata: skipped, counted)
+                rows = [data]
+            for i, row in enumerate(rows, 1):
+                yield f"{path}:{i}", row
+            return
+    with open(path, "rb") as f:
+        for i, line in enumerate(f, 1):
+            if i == 1:
+                line = line.removeprefix(_BOM)
+            if not line.strip():
+                continue
+            try:
+                yield f"{path}:{i}", json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                yield f"{path}:{i}", ConvertError(f"not valid UTF-8 ({e.reason} at byte {e.start})")
+            except json.JSONDecodeError as e:
+                yield f"{path}:{i}", ConvertError(f"not valid JSON ({e.msg})")
 
 
 # ---- fields -------------------------------------------------------------------------------------
@@ -198,11 +224,18 @@ def answers(value: Any) -> Any:
     value = maybe_json(value)
     if isinstance(value, Mapping) and "target" in value:  # verl / Search-R1: {"target": [...]}
         value = value["target"]
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = str(int(value)) if float(value).is_integer() else str(value)
     if isinstance(value, list):
-        value = [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value]
-    return value
+        return [number_text(v) for v in value]
+    return number_text(value)
+
+
+def number_text(value: Any) -> Any:
+    """A numeric answer as text ("2.0" -> "2"); NaN / infinity are no answer (e.g. a pandas gap)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConvertError(f"answer is {value!r}, not a usable value")
+    return str(int(value)) if isinstance(value, int) or (value.is_integer() and abs(value) <= 2**53) else repr(value)
 
 
 # ---- one row per kind -----------------------------------------------------------------------------
@@ -364,7 +397,8 @@ def convert(kind: str, inputs: str, output: str, *, field_map: Optional[Mapping[
                         reasons.append(f"{where}: {e}")
     if written == 0:
         os.remove(tmp)
-        raise ConvertError(f"no row of {inputs} converted to {kind}; first reasons:\n  " + "\n  ".join(reasons))
+        raise ConvertError(f"no row of {inputs} converted to {kind}; "
+                           + ("first reasons:\n  " + "\n  ".join(reasons) if reasons else "the inputs have no rows"))
     os.replace(tmp, output)
     return {"written": written, "skipped": skipped, "reasons": reasons}
 

@@ -48,12 +48,17 @@ def list_benchmarks(directory: Optional[str] = None) -> list[str]:
     return sorted(f[:-len(".jsonl")] for f in os.listdir(directory) if f.endswith(".jsonl"))
 
 
-def load_benchmark(path: str | os.PathLike, *, limit: Optional[int] = None) -> list[dict]:
+def load_benchmark(path: str | os.PathLike, *, limit: Optional[int] = None,
+                   skipped: Optional[list] = None) -> list[dict]:
     """Validated rows of one benchmark file, in file order; broken rows are skipped with a warning.
 
+    `skipped`, when given, is extended with (file, line, reason) of every broken row of the file,
+    so an evaluation can report how many questions it could not even read.
     Raises ValueError when two rows share an `id` (results are keyed by id).
     """
     source = JsonlSource(resolve_benchmark(path), BENCHMARK)
+    if skipped is not None:
+        skipped.extend(source.skipped)
     try:
         n = len(source) if limit is None else min(limit, len(source))
         rows, seen = [], {}

@@ -107,7 +107,9 @@ def make_loader(source: Sequence[Any], *, batch_size: int, seed: int, shuffle: b
     ds = ds.repeat(num_epochs)
     if map_fn is not None:
         ds = ds.map(map_fn)
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder, batch_fn=list)
+    # Repeating forever there is no final short batch; Grain's length arithmetic over the endless
+    # dataset overflows for batch_size 1 without drop_remainder, so batch as if it were set.
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder or num_epochs is None, batch_fn=list)
     fingerprint = dict(zip(_FINGERPRINT_KEYS, (n, batch_size, seed, shuffle, num_epochs,
                                                drop_remainder, index, count)))
     read_options = read_options or grain.ReadOptions(num_threads=2, prefetch_buffer_size=64)

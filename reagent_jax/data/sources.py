@@ -6,7 +6,11 @@ each `source[i]` reads and parses just that line (`os.pread`, safe from Grain's 
 Parquet files are indexed by row and read one row group at a time (a small cache per file).
 
 Broken rows are found while indexing, never mid-epoch: they are skipped with one warning per file
-(how many, and the first few file:line reasons) and listed in `source.skipped`.
+(how many, and the first few file:line reasons) and listed in `source.skipped` (or, with
+`on_error="raise"`, the first one stops). A row is broken when it is not valid UTF-8, not JSON,
+holds a lone surrogate (`"\ud800"`: valid JSON, but no tokenizer or UTF-8 writer accepts it) or
+fails the schema. A file that is a JSON array rather than JSON Lines is an error either way:
+it has no rows to skip, only a wrong format (launch/convert_data.py converts it).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import glob
 import json
 import logging
 import os
+import re
 import threading
 from typing import Any, Iterator, Literal, Optional, Sequence
 
@@ -24,6 +29,7 @@ import numpy as np
 from reagent_jax.data.schemas import RowError, Schema, get_schema
 
 _BOM = b"\xef\xbb\xbf"
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # cheap pre-check before the exact one
 _SHOWN_REASONS = 5  # reasons quoted in each per-file warning
 _ROW_GROUP_CACHE = 2  # parquet row groups kept decoded per file
 
@@ -187,9 +193,15 @@ class JsonlSource:
                     start, raw = start + len(_BOM), raw[len(_BOM):]
                 if not raw.strip():
                     continue  # blank lines are not rows
+                if total == 0 and _opens_array(raw):
+                    raise ValueError(f"{path}:{lineno}: this is a JSON array, not JSON Lines (one object "
+                                     "per line); convert it with launch/convert_data.py")
                 total += 1
                 try:
-                    self._check(json.loads(raw))
+                    row = json.loads(raw.decode("utf-8-sig"))  # strict: also refuses encoded surrogates
+                    if _SURROGATE_ESCAPE.search(raw):
+                        _check_unicode(row)
+                    self._check(row)
                 except UnicodeDecodeError:
                     self._reject(path, lineno, "not valid UTF-8", bad)
                     continue
@@ -257,6 +269,25 @@ class JsonlSource:
     def __repr__(self) -> str:
         name = self.schema.name if self.schema else "any"
         return f"JsonlSource({len(self.paths)} files, {len(self)} rows, schema={name}, skipped={len(self.skipped)})"
+
+
+def _opens_array(line: bytes) -> bool:
+    """The first row line of a pretty-printed JSON array (`[` alone, or `[` then an unfinished value)."""
+    if not line.lstrip().startswith(b"["):
+        return False
+    try:
+        json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return True
+    return False  # a complete one-line list: an ordinary broken row
+
+
+def _check_unicode(row: Any) -> None:
+    try:
+        json.dumps(row, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RowError(f"lone surrogate {e.object[e.start]!r} near {e.object[max(0, e.start - 20):e.start]!r} "
+                       "(not valid Unicode)") from None
 
 
 def _any_object(row: Any) -> dict:

@@ -112,9 +112,8 @@ class Evaluator:
             return self._attempts(loop, record, index)
         except Exception as e:  # noqa: BLE001
             log.warning("%s sample %d failed: %s: %s", record["id"], index, type(e).__name__, e)
-            failed = lambda attempt: Trajectory(question=record, messages=[], tokens=[], loss_mask=[], logprobs=[],
-                                                prompt_len=0, turn_spans=[], finish_reason="error", sample_index=index,
-                                                attempt=attempt, error=f"{type(e).__name__}: {e}")
+            failed = lambda attempt: Trajectory.failed(record, f"{type(e).__name__}: {e}", sample_index=index,
+                                                       attempt=attempt)
             return failed(1), (failed(2) if self.settings.refine else None)
 
     def _attempts(self, loop: AgentLoop, record: dict, index: int):
@@ -152,7 +151,8 @@ class Evaluator:
     # ---- a benchmark --------------------------------------------------------------------------
     def run_benchmark(self, spec: BenchmarkSpec) -> dict[str, Any]:
         s = self.settings
-        rows = load_benchmark(spec.path, limit=spec.limit)
+        broken: list = []  # rows of the file that do not parse: reported, as they cannot be run
+        rows = load_benchmark(spec.path, limit=spec.limit, skipped=broken)
         todo = [r for r in rows if not self.store.done(spec.name, r["id"], s.k, s.refine)]
         ids = {r["id"] for r in rows}
         finished = [[bool(x["correct"]) for x in r["samples"][:s.k]] for r in self.store.records(spec.name)
@@ -172,7 +172,8 @@ class Evaluator:
         records = [r for r in self.store.records(spec.name) if r["id"] in ids]
         summary = report.benchmark_summary(records, s.k, s.refine)
         summary.update(tools=list(spec.tools), path=spec.path, wall_s=wall, questions_run=len(todo),
-                       wall_s_per_100_questions=100 * wall / len(todo) if todo else None)
+                       wall_s_per_100_questions=100 * wall / len(todo) if todo else None,
+                       skipped_rows=len(broken), skipped_reasons=[f"{f}:{n}: {r}" for f, n, r in broken[:5]])
         return summary
 
     def _run_jobs(self, spec, todo, loop, bar, finished) -> None:
@@ -184,20 +185,39 @@ class Evaluator:
             jobs = {episodes.submit(self._sample, loop, as_agent_record(r), i): (r["id"], i)
                     for r in todo for i in range(s.k)}
             active: set = set(jobs)
-            while active:
-                done, active = cf.wait(active, return_when=cf.FIRST_COMPLETED)
-                for f in done:
-                    if f in jobs:  # an episode (pair) finished
-                        qid, i = jobs.pop(f)
-                        collected[qid][i] = f.result()
-                        if all(x is not None for x in collected[qid]):
-                            active.add(scoring.submit(self._score_question, spec, by_id[qid], collected.pop(qid)))
-                    else:  # a question was scored
-                        record = f.result()
-                        self.store.append(record)
-                        finished.append([bool(x["correct"]) for x in record["samples"]])
-                        bar.update(1, {"avg@k": passk.avg_at_k(finished),
-                                       "pass@k": passk.mean_pass_at_k(finished, s.k)})
+            try:
+                while active:
+                    done, _ = cf.wait(active, return_when=cf.FIRST_COMPLETED)
+                    for f in done:  # each leaves `active` once handled: what is left is unsaved work
+                        if f in jobs:  # an episode (pair) finished
+                            qid, i = jobs[f]
+                            collected[qid][i] = f.result()
+                            if all(x is not None for x in collected[qid]):
+                                active.add(scoring.submit(self._score_question, spec, by_id[qid],
+                                                          collected.pop(qid)))
+                        else:  # a question was scored
+                            record = f.result()
+                            self.store.append(record)
+                            finished.append([bool(x["correct"]) for x in record["samples"]])
+                            bar.update(1, {"avg@k": passk.avg_at_k(finished),
+                                           "pass@k": passk.mean_pass_at_k(finished, s.k)})
+                        active.discard(f)
+            except BaseException:  # an error or Ctrl-C: stop here, not after every queued episode
+                self._abandon(active, jobs)
+                raise
+
+    def _abandon(self, active: set, jobs: dict) -> None:
+        """Cancels the episodes not yet started (leaving the pools waits only for those in flight)
+        and stores the questions already scored, so a rerun resumes after them."""
+        for f in active:
+            f.cancel()
+        for f in active:
+            if f in jobs or not f.done() or f.cancelled() or f.exception() is not None:
+                continue
+            try:
+                self.store.append(f.result())
+            except Exception as e:  # noqa: BLE001 - the original error is the one to raise
+                log.warning("could not store a scored question while stopping: %s", e)
 
     # ---- all benchmarks + reports -------------------------------------------------------------
     def run(self, specs: Sequence[BenchmarkSpec], extra: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:

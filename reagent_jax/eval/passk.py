@@ -6,11 +6,14 @@
 with n samples of a question and c of them correct. The pass@k estimator is the unbiased one of
 Chen et al. 2021 ("Evaluating Large Language Models Trained on Code"): the chance that at least
 one of k samples drawn without replacement from the n is correct. For k = n it is 1 when any
-sample is correct; for k = 1 it equals c / n. It is computed as a product,
-1 - prod_{i = n - c + 1}^{n} (1 - k / i), which never forms a large binomial coefficient.
+sample is correct; for k = 1 it equals c / n. It is computed exactly in integers and rounded once:
+C(n - c, k) / C(n, k) = perm(n - k, c) / perm(n, c) = perm(n - c, k) / perm(n, k), whichever has
+fewer factors, so no large binomial coefficient is formed and no float rounding accumulates
+(a float product drifts by ~n ulps and misses c / n at k = 1).
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -22,9 +25,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
         raise TypeError(f"pass_at_k: n, c, k must be integers, got {n!r}, {c!r}, {k!r}")
     if n < 1 or not 0 <= c <= n or not 1 <= k <= n:
         raise ValueError(f"pass_at_k: need n >= 1, 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    n, c, k = int(n), int(c), int(k)
     if n - c < k:
         return 1.0
-    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+    if c <= k:
+        total, missed = math.perm(n, c), math.perm(n - k, c)
+    else:
+        total, missed = math.perm(n, k), math.perm(n - c, k)
+    return (total - missed) / total  # int / int: correctly rounded, even for huge integers
 
 
 def _counts(correct: Sequence[Sequence[bool]]) -> list[tuple[int, int]]:

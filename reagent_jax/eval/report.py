@@ -7,6 +7,8 @@ Metrics (percent in the table, fractions in JSON):
   score      mean rule score (EM = 1, else F1 when >= 0.3; math equivalence 0/1): partial credit
   attempt-2 avg@k / delta (Reagent-C): accuracy after the Agent-RRM critique, and the change;
   fixed / broken: samples wrong -> right and right -> wrong after the critique.
+  failed samples: episodes or scoring that raised (scored wrong, never dropped); skipped rows:
+  benchmark lines that do not parse; incomplete: records with fewer than k samples (left out).
 """
 from __future__ import annotations
 
@@ -36,14 +38,18 @@ def _attempt_stats(samples_by_q: list[list[dict]], prefix: str) -> dict[str, Any
            f"{prefix}tool_seconds": float(np.mean([t.get("tool_seconds", 0.0) for t in trajs])),
            f"{prefix}response_tokens": float(np.mean([t.get("response_length", 0) for t in trajs])),
            f"{prefix}finish": dict(collections.Counter(t.get("finish_reason", "?") for t in trajs)),
-           f"{prefix}methods": dict(collections.Counter(s.get("method", "?") for s in flat))}
+           f"{prefix}methods": dict(collections.Counter(s.get("method", "?") for s in flat)),
+           # samples whose episode or scoring failed: already counted wrong above, counted here too
+           f"{prefix}failed": sum(s.get("method") == "error" or t.get("finish_reason") == "error"
+                                  for s, t in zip(flat, trajs))}
     return out
 
 
 def benchmark_summary(records: Sequence[Mapping[str, Any]], k: int, refine: bool = False) -> dict[str, Any]:
-    """Metrics over the first k samples of each record (records with fewer are left out)."""
+    """Metrics over the first k samples of each record; records with fewer are left out and
+    counted in `incomplete` (samples that failed are in the records, scored wrong)."""
     usable = [r for r in records if len(r.get("samples", [])) >= k]
-    out: dict[str, Any] = {"questions": len(usable), "k": k}
+    out: dict[str, Any] = {"questions": len(usable), "k": k, "incomplete": len(records) - len(usable)}
     if not usable:
         return out
     first = [list(r["samples"][:k]) for r in usable]
@@ -62,11 +68,17 @@ def _pct(v: Optional[float]) -> Optional[float]:
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else round(100.0 * v, 2)
 
 
+def _uncovered(summary: Mapping[str, Any]) -> dict[str, int]:
+    """Columns for questions the accuracy does not cover (broken rows, too few samples), if any."""
+    return {label: summary[key] for key, label in (("skipped_rows", "skipped rows"), ("incomplete", "incomplete"))
+            if summary.get(key)}
+
+
 def table_rows(summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for name, s in summaries.items():
         if not s.get("questions"):
-            rows.append({"benchmark": name, "questions": 0})
+            rows.append({"benchmark": name, "questions": 0, **_uncovered(s)})
             continue
         row = {"benchmark": name, "questions": s["questions"], "k": s["k"], "avg@k %": _pct(s["avg@k"]),
                f"pass@{s['k']} %": _pct(s["pass@k"]), "score %": _pct(s["score"]), "turns": round(s["turns"], 2),
@@ -77,7 +89,9 @@ def table_rows(summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any
         judged = s["methods"].get("llm", 0) + s["methods"].get("rule_fallback", 0)
         if judged:
             row["judge fallbacks"] = s["methods"].get("rule_fallback", 0)
-        rows.append(row)
+        if s.get("failed"):
+            row["failed samples"] = s["failed"]
+        rows.append({**row, **_uncovered(s)})
     return rows
 
 

@@ -60,6 +60,10 @@ class ResultStore:
 
     def append(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, ensure_ascii=False, default=str)
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (e.g. from a tool's output): \u-escape it
+            line = json.dumps(record, ensure_ascii=True, default=str)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
             f.flush()
