@@ -88,3 +88,31 @@ def test_stage_names_and_order_are_checked():
         pipeline.parse_stages("judge_data,grpo")
     with pytest.raises(ValueError, match="out of order"):
         pipeline.parse_stages("judge_dpo,judge_sft")
+
+
+def test_reference_logprob_cache_is_tied_to_its_pairs_and_survives_a_torn_write(tmp_path):
+    """run_dpo's <stage>/ref_logps.npy is reused only for the same pairs; a file cut by a kill or
+    written for other pairs of the same count is recomputed (None), never trusted."""
+    import numpy as np
+    from reagent_jax.evalplanner.training import _cached_reference, _pairs_key, _save_reference
+
+    def row(*ids):
+        return {"tokens": list(ids), "loss_mask": [0] + [1] * (len(ids) - 1)}
+
+    pairs = [{"chosen": row(1, 2, 3), "rejected": row(1, 4)}, {"chosen": row(5, 6), "rejected": row(5, 7, 8)}]
+    other = [pairs[0], {"chosen": row(5, 6), "rejected": row(5, 7, 9)}]  # one token differs
+    key = _pairs_key(pairs, 64)
+    assert key != _pairs_key(other, 64) and key != _pairs_key(pairs, 32) and key == _pairs_key(list(pairs), 64)
+    path = str(tmp_path / "ref_logps.npy")
+    assert _cached_reference(path, key, 2) is None  # nothing cached yet
+    ref = np.array([[-1.5, -2.5], [-3.0, -0.5]], np.float32)
+    _save_reference(path, key, ref)
+    np.testing.assert_array_equal(_cached_reference(path, key, 2), ref)
+    assert _cached_reference(path, _pairs_key(other, 64), 2) is None
+    assert _cached_reference(path, key, 3) is None
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) - 5])  # torn by a kill mid-write
+    assert _cached_reference(path, key, 2) is None
+    _save_reference(path, key, ref)
+    (tmp_path / "ref_logps.npy.key").unlink()  # killed between the array and its key
+    assert _cached_reference(path, key, 2) is None

@@ -115,3 +115,38 @@ def test_grpo_stage_alone_continues_from_the_workdirs_sft_with_mini_batches_and_
     for m in updated:
         assert m["train/updates"] == 2.0 and "timing_s/old_logprobs" in m
         assert abs(m["actor/ppo_kl"]) < 0.05
+
+
+class _Episode:
+    def __init__(self, finish_reason="answer", response_length=5):
+        self.finish_reason, self.response_length = finish_reason, response_length
+
+
+@pytest.mark.parametrize("drop_equal", [False, True])
+def test_failed_episodes_and_nonfinite_rewards_join_no_group(drop_equal):
+    """A NaN/inf reward or a failed episode is left out of its group's mean and std (NumPy
+    reference over the remaining members) and out of the update; the step still trains the rest."""
+    from reagent_jax.rl import get_advantage_fn
+    from reagent_jax.trainers.grpo import episode_advantages
+    scores = np.array([1.0, 0.0, np.nan, 1.0, 0.5, 0.5, np.inf, 0.0, 0.25, 0.75])
+    groups = np.array([0, 0, 0, 0, 1, 1, 1, 2, 2, 2])
+    eps = [_Episode() for _ in scores]
+    eps[9] = _Episode("error")
+    eps[8] = _Episode(response_length=0)  # counts in its group, but has nothing to train on
+    adv, keep, finite = episode_advantages(get_advantage_fn("grpo"), eps, scores, groups, drop_equal)
+    np.testing.assert_array_equal(finite, np.isfinite(scores))
+    valid = np.isfinite(scores) & np.array([e.finish_reason != "error" for e in eps])
+    want = np.zeros(len(scores))
+    for g in np.unique(groups):
+        members = (groups == g) & valid
+        r = scores[members]
+        if len(r) >= 2 and r.max() > r.min():
+            want[members] = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+        elif len(r) == 1:
+            want[members] = r  # a group of one: mean 0, std 1 (verl)
+    np.testing.assert_allclose(np.asarray(adv.advantages), want, rtol=1e-5, atol=1e-6)
+    assert np.all(np.isfinite(np.asarray(adv.advantages)))
+    expect_keep = valid & np.array([e.response_length > 0 for e in eps])
+    if drop_equal:
+        expect_keep &= ~np.isin(groups, [1])  # group 1's valid rewards are all 0.5
+    np.testing.assert_array_equal(keep, expect_keep)

@@ -16,6 +16,8 @@ is in memory during the update. Sequences of chosen and rejected go through one 
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
 import types
@@ -105,24 +107,68 @@ def reference_logps(model_cfg, params, pairs: Sequence[dict], *, batch_pairs: in
     return out
 
 
+def _pairs_key(pairs: Sequence[dict], max_len: int) -> str:
+    """Fingerprint of the pairs (and the truncation length) the cached reference logprobs belong to."""
+    digest = hashlib.sha256(str(max_len).encode())
+    for pair in pairs:
+        for row in (pair["chosen"], pair["rejected"]):
+            for name in ("tokens", "loss_mask"):
+                values = np.asarray(row[name], np.int64)
+                digest.update(f"{name}{values.size};".encode() + values.tobytes())
+    return digest.hexdigest()
+
+
+def _cached_reference(path: str, key: str, n_pairs: int):
+    """The cached [P, 2] reference logprobs if they belong to these pairs, else None. A file cut by
+    a kill, or written for other pairs (same count, new data), is recomputed, not trusted."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path + ".key") as f:
+            stored = f.read().strip()
+        ref = np.load(path)
+    except (OSError, ValueError, EOFError) as exc:
+        log.warning("%s is unreadable (%s); recomputing the reference logprobs", path, exc)
+        return None
+    if stored != key or ref.shape != (n_pairs, 2):
+        log.info("%s belongs to other pairs; recomputing the reference logprobs", path)
+        return None
+    return ref
+
+
+def _save_reference(path: str, key: str, ref: np.ndarray) -> None:
+    """Atomic (temp file + rename), the key last: a kill leaves either no cache or a whole one."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path + ".key")
+    with open(path + ".tmp", "wb") as f:
+        np.save(f, ref)
+    os.replace(path + ".tmp", path)
+    with open(path + ".key.tmp", "w") as f:
+        f.write(key)
+    os.replace(path + ".key.tmp", path + ".key")
+
+
 def run_dpo(ctx, model_cfg, params, pairs: Sequence[dict], dpo_cfg, stage: str, seed: int = 0):
     """Trains `dpo_cfg.steps` steps of DPO from `params` (also the reference); returns the final
     params (saved under <stage>/final). Reference logprobs are cached in <stage>/ref_logps.npy."""
     if not pairs:
         raise ValueError(f"{stage}: no DPO pairs (every group was all-correct or all-wrong, or all were dropped)")
     bsz = int(dpo_cfg.batch_size)
+    key = _pairs_key(pairs, dpo_cfg.max_len)
     path = os.path.join(ctx.stage_dir(stage), "ref_logps.npy")
-    ref = np.load(path) if os.path.exists(path) else None
-    if ref is None or ref.shape != (len(pairs), 2):
+    ref = _cached_reference(path, key, len(pairs))
+    if ref is None:
         ref = reference_logps(model_cfg, params, pairs, batch_pairs=bsz, max_len=dpo_cfg.max_len)
-        np.save(path, ref)
+        _save_reference(path, key, ref)
     opt = OptimizerConfig(learning_rate=dpo_cfg.learning_rate, warmup_steps=dpo_cfg.warmup_steps, decay="cosine",
                           total_steps=dpo_cfg.steps, max_grad_norm=1.0)
     objective = DPOObjective(model_cfg, loss_type=dpo_cfg.loss_type, beta=dpo_cfg.beta,
                              label_smoothing=dpo_cfg.label_smoothing, nll_coef=dpo_cfg.nll_coef)
     runner = StageRunner(ctx, stage, model_cfg, params, objective, opt, total_steps=dpo_cfg.steps,
                          micro_batches=dpo_cfg.micro_batches, checkpoint_every=ctx.config.checkpoint.every,
-                         keep=ctx.config.checkpoint.keep, progress_keys=["dpo/loss", "rewards/accuracies"])
+                         keep=ctx.config.checkpoint.keep, progress_keys=["dpo/loss", "rewards/accuracies"],
+                         data_config={"num_pairs": len(pairs), "pairs_sha256": key[:16], "batch_size": bsz,
+                                      "seed": seed})
     buckets = default_buckets(dpo_cfg.max_len)
 
     def batch_fn(step, _params):

@@ -55,6 +55,23 @@ class PlainGRPO:
         return trajs, np.asarray(scores, np.float32), np.asarray(groups, np.int32), {}
 
 
+def episode_advantages(adv_fn, trajs, scores, groups, drop_equal_reward_groups: bool = False):
+    """(GroupAdvantages, keep bool[N], finite bool[N]) for one step's episodes.
+
+    Failed episodes (finish_reason "error") and non-finite rewards (a broken custom reward) join no
+    group, so they cannot shift its mean and std, and are not trained on; the step goes on."""
+    scores = np.asarray(scores, np.float64)
+    groups = np.asarray(groups)
+    finite = np.isfinite(scores)
+    valid = finite & np.array([t.finish_reason != "error" for t in trajs], bool)
+    adv = adv_fn(jnp.asarray(np.where(finite, scores, 0.0), jnp.float32), jnp.asarray(groups),
+                 num_groups=int(groups.max()) + 1, valid=jnp.asarray(valid))
+    keep = valid & np.array([t.response_length > 0 for t in trajs], bool)
+    if drop_equal_reward_groups:
+        keep &= ~np.asarray(adv.zero_std)
+    return adv, keep, finite
+
+
 def build_rows(trajs, advantages, keep, mask_overlong: bool) -> list[dict]:
     rows = []
     for t, a, k in zip(trajs, advantages, keep):
@@ -125,7 +142,11 @@ def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strateg
     runner = StageRunner(ctx, stage, model_cfg, params, objective, opt, total_steps=gcfg.steps,
                          micro_batches=gcfg.micro_batches, checkpoint_every=ctx.config.checkpoint.every,
                          keep=ctx.config.checkpoint.keep,
-                         progress_keys=["critic/score/mean", "actor/pg_loss", "response_length/mean"])
+                         progress_keys=["critic/score/mean", "actor/pg_loss", "response_length/mean"],
+                         data_config={"questions_per_step": gcfg.questions_per_step, "n": gcfg.n, "seed": seed,
+                                      "num_records": len(records), "mini_batches": mini_batches, "max_len": max_len,
+                                      "old_logprobs": old_source,
+                                      "strategy": getattr(strategy, "name", type(strategy).__name__)})
     ref_params = jax.tree.map(jnp.copy, params) if gcfg.beta else None  # frozen; beta 0 skips it entirely
     # reference logprobs (frozen params) and recomputed old logprobs (the step's starting params)
     policy_lp = jax.jit(lambda p, t, m: token_logprobs(model_cfg, p, t, m, temperature=temperature))
@@ -140,12 +161,13 @@ def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strateg
         trajs, scores, groups, extra = strategy.collect(loop, [records[i] for i in idx], gcfg.n,
                                                         seed=seed * 100_003 + step)
         t_gen = time.perf_counter() - t0
-        adv = adv_fn(jnp.asarray(scores), jnp.asarray(groups), num_groups=int(groups.max()) + 1)
-        keep = np.ones(len(trajs), bool)
-        if gcfg.drop_equal_reward_groups:
-            keep &= ~np.asarray(adv.zero_std)
-        keep &= np.array([t.finish_reason != "error" and t.response_length > 0 for t in trajs])
-        m = rollout_metrics(trajs, scores)
+        adv, keep, finite = episode_advantages(adv_fn, trajs, scores, groups, gcfg.drop_equal_reward_groups)
+        if not finite.all():
+            bad = np.flatnonzero(~finite)
+            log.warning("%s step %d: %d non-finite reward(s) (first: episode %d = %s); those episodes are "
+                        "dropped from the update", stage, step, bad.size, bad[0], np.asarray(scores)[bad[0]])
+        m = rollout_metrics(trajs, np.asarray(scores)[finite])
+        m["batch/nonfinite_rewards"] = float((~finite).sum())
         m.update(extra)
         gen_tokens = sum(t.response_length for t in trajs)
         m.update({"timing_s/gen": t_gen, "perf/gen_tokens_per_s": gen_tokens / max(t_gen, 1e-9),

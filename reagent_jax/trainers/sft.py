@@ -53,7 +53,9 @@ def run_sft(ctx, model_cfg, params, rows: list[dict], sft_cfg, stage: str = "sft
     objective = SFTObjective(model_cfg, context_weight=float(getattr(sft_cfg, "context_loss_weight", 0.0)))
     runner = StageRunner(ctx, stage, model_cfg, params, objective, opt, total_steps=sft_cfg.steps,
                          micro_batches=sft_cfg.micro_batches, checkpoint_every=ctx.config.checkpoint.every,
-                         keep=ctx.config.checkpoint.keep, progress_keys=["sft/nll"])
+                         keep=ctx.config.checkpoint.keep, progress_keys=["sft/nll"],
+                         data_config={"batch_size": sft_cfg.batch_size, "max_len": sft_cfg.max_len, "seed": seed,
+                                      "num_examples": len(rows)})
 
     def batch_fn(step, _params):
         idx = batch_indices(len(rows), sft_cfg.batch_size, step, seed)

@@ -7,17 +7,29 @@ so a run killed at any point and resumed from its last checkpoint replays exactl
 uninterrupted run would have done. The runner owns the train state, its shardings, Orbax
 checkpoints (keep last N), metrics (JSONL + TensorBoard), the progress bar and the final params
 export.
+
+Resuming: the newest readable checkpoint of `<stage>/ckpt` is restored (a damaged newer one is
+skipped with a warning, see `TrainCheckpointer.restore_latest`); metrics of the steps after it
+are logged again and replace the killed run's. Each checkpoint records the model, optimizer and
+data settings it was written with. A changed model shape or optimizer-state layout is an error
+(the arrays cannot be restored); any other change (learning rate, schedule, total steps, batch
+size, seed, ...) is logged as a warning and the run goes on under the new settings from the
+restored step: the optimizer's step count (so the schedule's position) and params are restored,
+and the data of step s follows the new settings.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
 
 from reagent_jax import checkpoint, metrics as metrics_lib
+from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.functional import param_shapes, param_shardings
 from reagent_jax.rl import train_step as ts
 
@@ -26,12 +38,40 @@ log = logging.getLogger(__name__)
 BatchFn = Callable[[int, Any], tuple[Optional[dict], dict]]
 
 
+def _jsonable(x):
+    return json.loads(json.dumps(x, default=str))
+
+
+def _changes(old: Mapping, new: Mapping) -> list[str]:
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+def _shapes(cfg: Qwen3Config) -> list:
+    leaves = jax.tree_util.tree_leaves_with_path(param_shapes(cfg))
+    return [(jax.tree_util.keystr(p), tuple(x.shape)) for p, x in leaves]
+
+
+def _known(cls, d: Mapping) -> dict:
+    """The fields of dataclass `cls` in `d` (a checkpoint of an older or newer version may differ)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in d.items() if k in names}
+
+
+def _opt_layout(opt_cfg: ts.OptimizerConfig, cfg: Qwen3Config):
+    return jax.tree.structure(jax.eval_shape(ts.make_optimizer(opt_cfg).init, param_shapes(cfg)))
+
+
 class StageRunner:
     def __init__(self, ctx, stage: str, model_cfg, params, objective, opt_cfg: ts.OptimizerConfig, *,
-                 total_steps: int, micro_batches: int = 1, checkpoint_every: int = 50, keep: int = 2,
-                 progress_keys: Sequence[str] = ()):
-        self.ctx, self.stage, self.model_cfg = ctx, stage, model_cfg
-        self.total_steps = total_steps
+                 total_steps: int, micro_batches: int = 1, checkpoint_every: int = 50, keep: Optional[int] = 2,
+                 progress_keys: Sequence[str] = (), data_config: Optional[Mapping[str, Any]] = None):
+        """`data_config`: the settings that decide each step's data (batch size, seed, ...),
+        recorded in every checkpoint so that a resume with other values is reported."""
+        if checkpoint_every < 1:
+            raise ValueError(f"{stage}: checkpoint every={checkpoint_every}; use a number of steps >= 1")
+        self.ctx, self.stage, self.model_cfg, self.opt_cfg = ctx, stage, model_cfg, opt_cfg
+        self.total_steps, self.micro_batches = total_steps, micro_batches
+        self.data_config = _jsonable(dict(data_config or {}))
         self.dir = ctx.stage_dir(stage)
         self.optimizer = ts.make_optimizer(opt_cfg)
         self.shardings = None
@@ -44,15 +84,47 @@ class StageRunner:
         self.checkpoint_every = checkpoint_every
         self.state = ts.init_state(params, self.optimizer, self.shardings)
         self.start_step = 0
-        latest = self.ckpt.latest_step()
-        if latest is not None:
-            self.state, meta = self.ckpt.restore(self.state, latest)
-            self.start_step = int(meta["step"])
+        restored = self.ckpt.restore_latest(self.state, check=self._check_resume)
+        if restored is None:
+            log.info("%s: no checkpoint in %s; starting at step 0", stage, self.ckpt.directory)
+        else:
+            self.start_step, self.state, _ = restored
             log.info("%s: resumed from step %d (%s)", stage, self.start_step, self.ckpt.directory)
-        # metrics of step s are logged at s + 1: a resumed run rewrites from start_step + 1 on
-        resume = self.start_step + 1 if latest is not None else None
-        self.writer = metrics_lib.MetricsWriter(self.dir, resume_step=resume)
+            if self.start_step > total_steps:
+                log.warning("%s: the checkpoint is at step %d, past total_steps=%d; nothing left to train",
+                            stage, self.start_step, total_steps)
+        # metrics of step s are logged at s + 1: a (re)started run replaces everything from
+        # start_step + 1 on, including what a run killed before its first checkpoint wrote
+        self.writer = metrics_lib.MetricsWriter(self.dir, resume_step=self.start_step + 1)
         self.progress_keys = list(progress_keys)
+
+    def _settings(self) -> dict:
+        return {"model": _jsonable(dataclasses.asdict(self.model_cfg)),
+                "optimizer": _jsonable(dataclasses.asdict(self.opt_cfg)),
+                "total_steps": self.total_steps, "micro_batches": self.micro_batches, "data": self.data_config}
+
+    def _check_resume(self, meta: dict) -> None:
+        """Raises on a checkpoint whose arrays cannot fit this run; warns about other changes."""
+        where = f"{self.stage}: checkpoint step {meta.get('step')} in {self.ckpt.directory}"
+        now = self._settings()
+        if "model" in meta:
+            model_changes = _changes(meta["model"], now["model"])
+            if model_changes and _shapes(Qwen3Config(**_known(Qwen3Config, meta["model"]))) != _shapes(self.model_cfg):
+                raise ValueError(f"{where} was written for another model shape ({'; '.join(model_changes)}); "
+                                 "resume with the original model config or use a new workdir")
+        if "optimizer" in meta:
+            old_opt = ts.OptimizerConfig(**_known(ts.OptimizerConfig, meta["optimizer"]))
+            if _opt_layout(old_opt, self.model_cfg) != _opt_layout(self.opt_cfg, self.model_cfg):
+                raise ValueError(f"{where} holds another optimizer-state layout "
+                                 f"({'; '.join(_changes(meta['optimizer'], now['optimizer']))}); "
+                                 "resume with the original optimizer config or use a new workdir")
+        changes = [f"{group}.{c}" for group in ("model", "optimizer", "data") if group in meta
+                   for c in _changes(meta[group], now[group])]
+        top = [k for k in ("total_steps", "micro_batches") if k in meta]
+        changes += _changes({k: meta[k] for k in top}, {k: now[k] for k in top})
+        if changes:
+            log.warning("%s was written with other settings; training goes on under the new ones: %s",
+                        where, "; ".join(changes))
 
     @property
     def params(self):
@@ -95,7 +167,7 @@ class StageRunner:
                 self.writer.write(step + 1, m)
                 bar.update(1, m)
                 if (step + 1) % self.checkpoint_every == 0 or step + 1 == self.total_steps:
-                    self.ckpt.save(step + 1, self.state, {"step": step + 1, "stage": self.stage})
+                    self.ckpt.save(step + 1, self.state, {"step": step + 1, "stage": self.stage, **self._settings()})
         finally:
             bar.close()
             self.writer.close()
