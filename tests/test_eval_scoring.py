@@ -126,3 +126,18 @@ def test_results_store_resume_and_cut_off_line(tmp_path):
     assert summary["questions"] == 2 and summary["avg@k"] == pytest.approx(0.5)
     assert summary["pass@k"] == pytest.approx(1.0)
     assert [json.loads(line)["id"] for line in open(path)] == ["q1", "q2", "q2"]
+
+
+def test_a_judge_returning_too_few_grades_leaves_no_answer_unscored():
+    """A custom judge that answers short: every answer still gets a score, from the rule."""
+    bam = row("bamboogle", "bamboogle/0")
+
+    class ShortJudge:
+        def grade_many(self, items):
+            return []
+
+    items = [ScoreItem(bam["question"], bam["answer"], "\\boxed{James Madison}", "bamboogle"),
+             ScoreItem(bam["question"], bam["answer"], "\\boxed{John Adams}", "bamboogle")]
+    right, wrong = AnswerScorer(ShortJudge()).score_many(items)
+    assert right.correct and right.method == "rule_fallback" and "0 grades for 2" in right.judge["reasoning"]
+    assert not wrong.correct and wrong.method == "rule_fallback"

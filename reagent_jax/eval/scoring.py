@@ -74,6 +74,10 @@ class AnswerScorer:
             except Exception as e:  # noqa: BLE001 - the rule decides for this batch
                 log.warning("the LLM judge failed on a batch of %d; using the rule: %s", len(items), e)
                 grades = [RuntimeError(str(e))] * len(items)
+            grades = list(grades)
+            if len(grades) != len(items):  # a custom judge's bug: no answer may go unscored
+                log.warning("the LLM judge returned %d grades for %d answers; using the rule", len(grades), len(items))
+                grades = [RuntimeError(f"the judge returned {len(grades)} grades for {len(items)} answers")] * len(items)
         return [self._combine(r, g) for r, g in zip(rule, grades)]
 
     def _combine(self, rule, grade) -> SampleScore:
