@@ -13,7 +13,7 @@ backoff and jitter, and reports what finally went wrong as one `EndpointError`.
 Retried: timeouts, connection errors, HTTP 429 (honouring Retry-After up to `backoff_max_s`) and
 5xx, and 2xx replies whose body is not JSON or lacks `choices[0].message`. Not retried: other 4xx
 (a bad request stays bad). Each attempt goes to a replica other than the one that just failed
-when there is one.
+when there is one. The API key and any password in a URL are never shown in an EndpointError.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import dataclasses
 import random
 import threading
 import time
+import urllib.parse
 from typing import Any, Iterator, Mapping, Sequence
 
 import httpx
@@ -31,6 +32,7 @@ from reagent_jax.endpoints.config import EndpointConfig
 from reagent_jax.endpoints.pool import EndpointPool
 
 BODY_EXCERPT_CHARS = 500
+MIN_SECRET_CHARS = 8  # shorter keys / URL passwords are placeholders ("x", "EMPTY"), not redacted
 Messages = Sequence[Mapping[str, Any]]
 
 
@@ -44,7 +46,7 @@ class EndpointError(Exception):
                  attempts: int = 0, kind: str = "unknown", retryable: bool = False) -> None:
         self.url, self.status, self.body, self.attempts = url, status, body[:BODY_EXCERPT_CHARS], attempts
         self.kind, self.retryable, self.detail = kind, retryable, message
-        where = f" at {url}" if url else ""
+        where = f" at {public_url(url)}" if url else ""
         code = f" (HTTP {status})" if status is not None else ""
         excerpt = f"; body: {self.body!r}" if self.body else ""
         super().__init__(f"{kind}{code}{where} after {attempts} attempt(s): {message}{excerpt}")
@@ -52,6 +54,23 @@ class EndpointError(Exception):
     def __reduce__(self):  # keyword-only fields: pickle them explicitly (process pools, logging queues)
         return (_rebuild_error, (self.detail, self.url, self.status, self.body, self.attempts, self.kind,
                                  self.retryable))
+
+
+def public_url(url: str) -> str:
+    """The URL as it may be shown: a password in it (http://user:pw@host) becomes ***."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.password is None:
+            return url
+        return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+    except ValueError:  # not a URL we can read: show nothing of it that could be a secret
+        return "<unparseable url>"
+
+
+def _redact(text: str, secrets: Sequence[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
 
 
 def _rebuild_error(message, url, status, body, attempts, kind, retryable) -> EndpointError:
@@ -150,6 +169,9 @@ class ChatClient:
         key = config.resolved_api_key()
         if key:
             headers["Authorization"] = f"Bearer {key}"
+        passwords = (urllib.parse.urlsplit(u).password for u in config.base_urls)
+        # never shown in an EndpointError (placeholder keys such as "x" would garble every message)
+        self._secrets = tuple(s for s in (key, *passwords) if s and len(s) >= MIN_SECRET_CHARS)
         limits = httpx.Limits(max_connections=config.max_concurrency, max_keepalive_connections=config.max_concurrency)
         self._http = httpx.Client(headers=headers, limits=limits, timeout=httpx.Timeout(config.timeout_s),
                                   follow_redirects=False)
@@ -244,7 +266,7 @@ class ChatClient:
         except EndpointError as exc:
             return exc
         except Exception as exc:  # a bug must not sink the whole batch; it still surfaces per item
-            return EndpointError(f"{type(exc).__name__}: {exc}", kind="internal")
+            return EndpointError(_redact(f"{type(exc).__name__}: {exc}", self._secrets), kind="internal")
 
     def _backoff_s(self, retry: int, retry_after_s: float | None) -> float:
         c = self.config
@@ -287,8 +309,9 @@ class ChatClient:
         self._count("failed")
         with self._lock:
             self._failures[last.kind] = self._failures.get(last.kind, 0) + 1
-        raise EndpointError(last.message, url=failed_url, status=last.status, body=last.body, attempts=attempt,
-                            kind=last.kind, retryable=last.retryable)
+        raise EndpointError(_redact(last.message, self._secrets), url=failed_url, status=last.status,
+                            body=_redact(last.body, self._secrets), attempts=attempt, kind=last.kind,
+                            retryable=last.retryable)
 
     def _post(self, base_url: str, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         url = base_url if base_url.endswith("/chat/completions") else f"{base_url}/chat/completions"
@@ -308,7 +331,7 @@ class ChatClient:
             raise _AttemptFailed("http_status", "request rejected", retryable=False, status=status, body=text)
         try:
             data = response.json()
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep to decode
             raise _AttemptFailed("malformed", f"response body is not JSON ({exc})", retryable=True, status=status,
                                  body=text) from None
         try:

@@ -74,11 +74,17 @@ class EndpointConfig:
         return self.base_urls[0] if self.base_urls else None
 
     def resolved_api_key(self) -> str | None:
-        if self.api_key:
-            return self.api_key
-        if not self.api_key_env:
-            return None
-        return os.environ.get(self.api_key_env) or None
+        """The key without surrounding whitespace (a key file's trailing newline). A key an HTTP
+        header cannot carry is refused here, without showing it: httpx's own error would quote it."""
+        source = "EndpointConfig.api_key"
+        key = self.api_key
+        if not key and self.api_key_env:
+            source, key = f"${self.api_key_env}", os.environ.get(self.api_key_env)
+        key = (key or "").strip()
+        if any(not 32 < ord(ch) < 127 for ch in key):
+            raise ValueError(f"the API key from {source} holds whitespace, control or non-ASCII characters, "
+                             "which an HTTP header cannot carry (key not shown)")
+        return key or None
 
     def require_configured(self, what: str = "endpoint") -> None:
         if not self.base_urls:

@@ -10,9 +10,10 @@ Why FastAPI + uvicorn (not stdlib http.server): an asyncio server holds hundreds
 connections and server-sent-event streams without a thread each, and both packages are already
 project dependencies (the retrieval server uses them). Engine calls block, so each request's
 generation runs in a worker thread; a cap on requests in flight (`ServerLimits.max_concurrent`,
-429 beyond it) bounds those threads. Every failure becomes an OpenAI-format JSON error (see
-`serve.errors`); an exception in one request never stops the server. A stream that fails after
-it started ends with a `data: {"error": {...}}` event, as OpenAI does.
+429 beyond it) bounds those threads. A client that disconnects frees its engine sessions, streamed
+or not (a blocking request checks every `service.CHECK_S`). Every failure becomes an OpenAI-format
+JSON error (see `serve.errors`); an exception in one request never stops the server. A stream that
+fails after it started ends with a `data: {"error": {...}}` event, as OpenAI does.
 """
 # No `from __future__ import annotations`: FastAPI inspects the handlers' annotations at runtime.
 import hmac
@@ -130,8 +131,8 @@ def make_app(services: ModelService | Sequence[ModelService], *, api_key: Option
         raw = b"".join(chunks)
         try:
             return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise bad_request(f"the request body is not valid JSON: {e}") from None
+        except (ValueError, RecursionError) as e:  # also: too deep, or an integer of over 4300 digits
+            raise bad_request(f"the request body is not valid JSON: {str(e)[:200]}") from None
 
     def service_for(body: Any) -> ModelService:
         model = body.get("model") if isinstance(body, dict) else None
@@ -157,7 +158,7 @@ def make_app(services: ModelService | Sequence[ModelService], *, api_key: Option
         prepare = getattr(svc, prepare_name)
         try:
             if not req.sampling.stream:  # one thread hop: prepare and generate
-                return JSONResponse(await in_thread(lambda: svc.run(prepare(req))))
+                return JSONResponse(await in_thread(lambda: svc.run(watched(prepare(req), request))))
             prep = await in_thread(prepare, req)  # a bad request is refused before the stream starts
             streaming = True  # from here on the stream's own `finally` releases the slot
         finally:
@@ -165,6 +166,16 @@ def make_app(services: ModelService | Sequence[ModelService], *, api_key: Option
                 release()
         return _EventStream(sse(svc.stream(prep), release), release, media_type="text/event-stream",
                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def watched(prep, request: Request):
+        """`prep` whose blocking run stops when its client disconnects."""
+        def client_gone() -> bool:  # called from the worker thread
+            try:
+                return anyio.from_thread.run(request.is_disconnected)
+            except RuntimeError:  # the event loop is gone (shutting down): nobody will read the reply
+                return True
+        prep.client_gone = client_gone
+        return prep
 
     async def sse(chunks: Iterator[dict], release: Callable[[], None]):
         try:

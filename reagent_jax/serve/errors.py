@@ -3,7 +3,7 @@
 Body: {"error": {"message": str, "type": str, "param": str | None, "code": str | None}}.
 Status codes: 400 bad request (malformed JSON, bad parameters, prompt too long), 401 missing or
 wrong API key, 404 unknown model or route, 405 wrong method, 413 body too large, 429 too many
-requests in flight, 500 a failure inside one request (the server keeps serving), 504 timeout.
+requests in flight, 499 the client left (never delivered), 500 a failure inside one request (the server keeps serving), 504 timeout.
 """
 from __future__ import annotations
 

@@ -65,18 +65,19 @@ async def _one(conn, path: str, body: dict, stream: bool) -> dict[str, Any]:
         tokens = out.get("usage", {}).get("completion_tokens", 0) if status == 200 else 0
         return {"ok": status == 200, "status": status, "latency_s": t1 - t0, "ttft_s": None,
                 "completion_tokens": tokens}
-    ttft, tokens = None, 0
+    ttft, tokens, failed = None, 0, False
     async for line in payload:
         line = line.strip()
         if not line.startswith(b"data: ") or line == b"data: [DONE]":
             continue
         chunk = json.loads(line[6:])
+        failed = failed or "error" in chunk  # a stream that fails after it started ends with an error event
         if ttft is None and any(c.get("text") or c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
             ttft = time.perf_counter() - t0
         if chunk.get("usage"):
             tokens = chunk["usage"]["completion_tokens"]
-    return {"ok": True, "status": status, "latency_s": time.perf_counter() - t0, "ttft_s": ttft,
-            "completion_tokens": tokens}
+    return {"ok": not failed, "status": status, "latency_s": time.perf_counter() - t0, "ttft_s": ttft,
+            "completion_tokens": 0 if failed else tokens}
 
 
 async def _run(base_url: str, bodies: Sequence[dict], clients: int, endpoint: str, stream: bool,

@@ -287,6 +287,12 @@ def parse_completion(body: Any, limits: ServerLimits, vocab_size: int) -> Comple
     for i, p in enumerate(prompts):
         if isinstance(p, list) and any(t < 0 or t >= vocab_size for t in p):
             raise bad_request(f"prompt {i} has token ids outside the vocabulary [0, {vocab_size})", "prompt")
+        if isinstance(p, str):  # "\ud800" is valid JSON but no tokenizer takes it (it would be a 500)
+            try:
+                p.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise bad_request(f"prompt {i} holds a lone surrogate {p[e.start]!r} at char {e.start}; "
+                                  "text must be valid Unicode", "prompt") from None
     _refuse(body, "suffix", ("",), "no insertion")
     _refuse(body, "logprobs", (), "use /v1/chat/completions with logprobs=true")
     sampling = _sampling(body, limits, default_max_tokens=16)  # OpenAI's default for completions

@@ -17,7 +17,7 @@ import dataclasses
 import itertools
 import time
 import uuid
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from reagent_jax import chat
 from reagent_jax.rollout import SamplingParams
@@ -26,6 +26,7 @@ from reagent_jax.serve.errors import APIError, bad_request
 from reagent_jax.serve.protocol import ChatRequest, CompletionRequest, ServerLimits
 
 EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
+CHECK_S = 0.25  # how often a blocking request checks whether its client is still there
 
 
 @dataclasses.dataclass
@@ -41,6 +42,7 @@ class Prepared:
     logprobs: bool = False
     echo_texts: Optional[list[str]] = None  # completions with echo=True: prompt text per choice
     prompt_tokens: int = 0
+    client_gone: Optional[Callable[[], bool]] = None  # set by the HTTP app: has the client disconnected?
 
 
 class ModelService:
@@ -123,9 +125,10 @@ class ModelService:
 
     # ---- running ------------------------------------------------------------------------------
     def run(self, prep: Prepared) -> dict[str, Any]:
-        """Blocking: the whole response body."""
+        """Blocking: the whole response body. When `prep.client_gone` (checked every CHECK_S while
+        waiting) says True, the sessions are released and APIError 499 raised (nobody reads it)."""
         sids = self._start(prep)
-        results = self._wait_all(sids)
+        results = self._wait_all(sids, prep.client_gone)
         completion_tokens = sum(len(r.tokens) for r in results)
         if prep.kind == "chat":
             choices = [self._chat_choice(i, r, prep) for i, r in enumerate(results)]
@@ -135,7 +138,8 @@ class ModelService:
                 "usage": responses.usage(prep.prompt_tokens, completion_tokens)}
 
     def stream(self, prep: Prepared) -> Iterator[dict[str, Any]]:
-        """Chunk bodies as tokens arrive; the last has finish_reason; then a usage chunk if asked."""
+        """Chunk bodies as tokens arrive; a choice's last chunk has its finish_reason (and, with
+        logprobs=true, all its logprobs: the engine reports them per turn); then usage if asked."""
         env = self._envelope(prep, True)
         sids = self._start(prep)
         streams = [responses.ChoiceStream(stops=prep.stops, tools_enabled=prep.tools_enabled,
@@ -161,7 +165,10 @@ class ModelService:
             if calls:
                 delta["tool_calls"] = responses.openai_tool_calls(calls, stream=True)
             reason = responses.finish_reason(result.finish_reason, bool(calls))
-            yield {**env, "choices": [self._chunk_choice(prep, i, delta, reason)]}
+            choice = self._chunk_choice(prep, i, delta, reason)
+            if prep.logprobs:  # the whole choice's, in its final chunk: the chunks' lists add up to the reply's
+                choice["logprobs"] = self._logprobs(result)
+            yield {**env, "choices": [choice]}
         if prep.include_usage:
             yield {**env, "choices": [], "usage": responses.usage(prep.prompt_tokens, completion_tokens)}
 
@@ -186,12 +193,11 @@ class ModelService:
             self._abandon(sid)
         return APIError(504, f"the request did not finish within {self.limits.request_timeout_s:g} s", code="timeout")
 
-    def _wait_all(self, sids: list[int]) -> list:
+    def _wait_all(self, sids: list[int], client_gone: Optional[Callable[[], bool]] = None) -> list:
         deadline, results = self._deadline(), []
         try:
             for sid in sids:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                results.append(self.engine.wait(sid, timeout=left))
+                results.append(self._wait(sid, deadline, client_gone))
         except TimeoutError:
             raise self._timeout(sids[len(results):]) from None
         except BaseException:
@@ -199,6 +205,20 @@ class ModelService:
                 self._abandon(sid)
             raise
         return results
+
+    def _wait(self, sid: int, deadline: Optional[float], client_gone: Optional[Callable[[], bool]]):
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if client_gone is None:
+                return self.engine.wait(sid, timeout=left)
+            try:
+                return self.engine.wait(sid, timeout=CHECK_S if left is None else min(left, CHECK_S))
+            except TimeoutError:
+                if left is not None and left <= CHECK_S:
+                    raise
+                if client_gone():
+                    raise APIError(499, "the client closed the connection before the reply was ready",
+                                   code="client_closed_request") from None
 
     def _poll(self, sids: list[int], prep: Prepared) -> Iterator[tuple[int, list[int], Any]]:
         """(choice, tokens so far, Result or None) as tokens come; releases what is left on exit
@@ -263,9 +283,12 @@ class ModelService:
         choice = {"index": i, "message": responses.chat_message(parsed), "logprobs": None,
                   "finish_reason": responses.finish_reason(result.finish_reason, bool(parsed.tool_calls))}
         if prep.logprobs:
-            kept = [(t, lp) for t, lp in zip(result.tokens, result.logprobs) if t not in self.eos_ids]
-            choice["logprobs"] = responses.chat_logprobs([self.tok.decode([t]) for t, _ in kept], [lp for _, lp in kept])
+            choice["logprobs"] = self._logprobs(result)
         return choice
+
+    def _logprobs(self, result) -> dict[str, Any]:
+        kept = [(t, lp) for t, lp in zip(result.tokens, result.logprobs) if t not in self.eos_ids]
+        return responses.chat_logprobs([self.tok.decode([t]) for t, _ in kept], [lp for _, lp in kept])
 
     def _completion_choice(self, i: int, result, prep: Prepared) -> dict[str, Any]:
         self._check(result)
