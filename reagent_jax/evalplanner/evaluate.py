@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from typing import Any, Mapping, Sequence
 
-from reagent_jax.evalplanner.pairs import Triple, correct_verdict, load_triples
+from reagent_jax.evalplanner.pairs import Triple, check_unique_ids, correct_verdict, load_triples
 from reagent_jax.evalplanner.parser import pairwise_accuracy, position_consistent_accuracy
 
 ALL = "all"
@@ -44,9 +44,12 @@ def judge_pairs(judge, triples: Sequence[Triple], *, seed: int = 0, both_orders:
     """Runs `judge.judge(items, seed, greedy)` over the pairs; one record per judgement.
 
     both_orders=False judges only each pair's random order (enough for pairwise accuracy)."""
+    check_unique_ids(triples, "judge_pairs")
     orders = random_orders([t.id for t in triples], seed)
     jobs = [(t, s) for t in triples for s in ((False, True) if both_orders else (orders[t.id],))]
-    chains = judge.judge([t.item(s) for t, s in jobs], seed=seed, greedy=greedy)
+    chains = list(judge.judge([t.item(s) for t, s in jobs], seed=seed, greedy=greedy))
+    if len(chains) != len(jobs):  # zip would silently drop the last pairs from both metrics
+        raise ValueError(f"judge_pairs: the judge returned {len(chains)} judgements for {len(jobs)} items")
     return [{"id": t.id, "category": t.category, "swapped": s, "verdict": ch.verdict,
              "correct": correct_verdict(s), "status": ch.status, "plan": ch.plan, "output": ch.output}
             for (t, s), ch in zip(jobs, chains)]

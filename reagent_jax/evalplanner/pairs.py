@@ -17,11 +17,14 @@ The paper's recipe, step by step:
 
 Pairing inside a group with c correct and w incorrect chains: "one_to_one" (default) shuffles both
 lists and pairs them up (min(c, w) pairs, every chain used at most once); "all" takes every
-combination (c * w pairs). Everything is seeded, so the data of a round is a pure function of the
-chains and the seed.
+combination (c * w pairs; chains with equal texts are not merged, so repeated samples weigh
+more). A pair whose chosen and rejected texts are equal (possible only with inconsistent labels)
+is never made; it is counted in stats["identical_pairs"]. Everything is seeded, so the data of a
+round is a pure function of the chains and the seed. Triple ids must be unique.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import logging
@@ -92,11 +95,16 @@ def load_triples(paths: str | Sequence[str], on_error: str = "skip") -> list[Tri
         rid = row.get("id")
         out.append(Triple(str(rid) if rid is not None else f"{os.path.basename(src.where(i))}",
                           row["instruction"], row["chosen"], row["rejected"], str(row.get("category") or "default")))
-    ids = [t.id for t in out]
-    if len(set(ids)) != len(ids):
-        dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
-        raise ValueError(f"{paths}: duplicate pair ids {dup}; ids must be unique (they key chains and results)")
+    check_unique_ids(out, str(paths))
     return out
+
+
+def check_unique_ids(triples: Sequence[Triple], where: str) -> None:
+    """ValueError naming repeated triple ids: ids key chains, pairs and results, so a repeat would
+    silently merge or double a pair's data."""
+    dup = sorted(i for i, n in collections.Counter(t.id for t in triples).items() if n > 1)
+    if dup:
+        raise ValueError(f"{where}: duplicate pair ids {dup[:5]}; ids must be unique (they key chains and results)")
 
 
 SolutionSampler = Callable[[list[str], int], list[list[str]]]
@@ -220,6 +228,7 @@ def build_preference_data(triples: Sequence[Triple], chains: Iterable[LabelledCh
                           pairing: str = "one_to_one", seed: int = 0) -> PreferenceData:
     if pairing not in PAIRINGS:
         raise ValueError(f"pairing={pairing!r}; expected one of {PAIRINGS}")
+    check_unique_ids(triples, "build_preference_data")
     by_id = {t.id: t for t in triples}
     groups: dict[str, dict[tuple[int, bool], list[LabelledChain]]] = {t.id: {} for t in triples}
     chains = list(chains)
@@ -229,6 +238,7 @@ def build_preference_data(triples: Sequence[Triple], chains: Iterable[LabelledCh
         groups[ch.triple_id].setdefault((ch.plan_index, ch.swapped), []).append(ch)
     rng = random.Random(seed)
     pairs, sft, kept, dropped = [], [], [], []
+    identical = 0
     for t in triples:
         tchains = [c for g in groups[t.id].values() for c in g]
         correct_all = [c for c in tchains if c.correct]
@@ -253,13 +263,16 @@ def build_preference_data(triples: Sequence[Triple], chains: Iterable[LabelledCh
                 rng.shuffle(bad)
                 combos = list(zip(good, bad))
             for g, b in combos:
+                if g.output == b.output:  # only chains with inconsistent labels (e.g. edited files)
+                    identical += 1
+                    continue
                 pairs.append({**_chain_record(t, g), "chosen": g.output, "rejected": b.output,
                               "chosen_verdict": g.verdict, "rejected_verdict": b.verdict})
     n = len(chains)
     stats = {"triples": len(triples), "kept": len(kept), "dropped": len(dropped), "chains": n,
              "chain_accuracy": sum(c.correct for c in chains) / n if n else 0.0,
              "no_verdict_rate": sum(c.verdict is None for c in chains) / n if n else 0.0,
-             "pairs": len(pairs), "sft": len(sft)}
+             "pairs": len(pairs), "identical_pairs": identical, "sft": len(sft)}
     return PreferenceData(pairs, sft, kept, dropped, stats)
 
 

@@ -81,7 +81,12 @@ def _file_splits(config) -> dict[str, list[Triple]]:
     out = {"eval": load_pairwise_set(d.eval_paths.split(","))[:d.num_eval]}
     if d.source == "jsonl":
         train = load_triples(d.train_paths.split(","))
-        for r in range(1, config.dpo.rounds + 1):  # fresh instructions for every round
+        rounds = config.dpo.rounds
+        if len(train) <= (rounds - 1) * d.num_per_round:  # the last round would get no instruction at all
+            raise ValueError(f"data: {rounds} DPO rounds of {d.num_per_round} fresh instructions need more than "
+                             f"{(rounds - 1) * d.num_per_round} triples, but data.train_paths has {len(train)}; "
+                             "add triples or lower dpo.rounds / data.num_per_round")
+        for r in range(1, rounds + 1):  # fresh instructions for every round
             out[f"round{r}"] = train[(r - 1) * d.num_per_round:r * d.num_per_round]
     return out
 
@@ -99,8 +104,9 @@ def load_splits(config, workdir: str, world) -> dict[str, list[Triple]]:
         splits = _file_splits(config)
     else:
         raise ValueError(f"data.source={config.data.source!r}; use 'synthetic', 'jsonl' or 'math'")
-    for name, triples in splits.items():
-        write_jsonl(os.path.join(ddir, f"{name}.jsonl"), [t.to_json() for t in triples])
+    # eval.jsonl marks the splits as written, so it goes last: a crash in between redoes them all.
+    for name in sorted(splits, key=lambda n: n == "eval"):
+        write_jsonl(os.path.join(ddir, f"{name}.jsonl"), [t.to_json() for t in splits[name]])
     return splits
 
 

@@ -70,7 +70,10 @@ class PairwiseJudgeReward:
                 for i_first in ((True, False) if self.both_orders else (True,)):
                     jobs.append((g, i, j, i_first))
                     items.append(PairItem(question, a, b) if i_first else PairItem(question, b, a))
-        chains = self.judge.judge(items, seed=self.seed, greedy=self.greedy) if items else []
+        chains = list(self.judge.judge(items, seed=self.seed, greedy=self.greedy)) if items else []
+        if len(chains) != len(items):  # a missing judgement must not turn into a silent tie
+            raise ValueError(f"PairwiseJudgeReward: the judge returned {len(chains)} judgements for {len(items)} "
+                             "comparisons")
         outcome: dict[tuple[int, int, int], list[float]] = {}
         for (g, i, j, i_first), ch in zip(jobs, chains):
             win = 0.5 if ch.verdict not in ("A", "B") else float((ch.verdict == "A") == i_first)

@@ -13,7 +13,7 @@ What is checked (flaw names match `agent.envs.expert.FLAWS`, plus `no_answer`):
                        python output)
   no_boxed             the final message has no \\boxed{...}
   malformed_tool_call  a tool call that is not valid JSON, names an unknown tool or lacks arguments
-  no_answer            the trajectory ends without a final message
+  no_answer            the trajectory ends without a final message (or with an empty one)
   wrong_answer         none of the above, yet the answer is wrong (a fallback that should not fire)
 
 The think text reasons only from what the trajectory shows (never from the hidden ground truth),
@@ -111,7 +111,7 @@ def _collect(messages: Sequence[Mapping[str, Any]]) -> tuple[list[_Call], list[s
             prose.append(text)
             calls += turn
             waiting += turn
-            final = None if turn else text
+            final = None if turn or not text else text  # an empty last turn (e.g. cut off in thinking) answers nothing
         elif role == "tool":
             if waiting:
                 waiting.pop(0).response = _text(m.get("content"))

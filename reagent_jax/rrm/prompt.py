@@ -120,12 +120,18 @@ def _format_call(call: Any) -> tuple[str, str]:
 
 
 def _format_tools(tools: Sequence[Any]) -> str:
+    """One line per tool; a bare string or spec (not in a list) is an error, not a list of characters/keys."""
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+        raise ValueError(f"tools must be a list of tool specs or names, got {type(tools).__name__}: {tools!r:.100}")
     lines = []
-    for t in tools:
+    for k, t in enumerate(tools):
         if isinstance(t, str):
             lines.append(f"- {t}")
             continue
-        fn = t.get("function", t) if isinstance(t, Mapping) else {}
+        if not isinstance(t, Mapping):
+            raise ValueError(f"tools[{k}] must be a tool spec dict or a name, got {type(t).__name__}: {t!r:.100}")
+        fn = t.get("function", t)
+        fn = fn if isinstance(fn, Mapping) else {}
         desc = str(fn.get("description", "")).strip()
         lines.append(f"- {fn.get('name', '?')}" + (f": {desc}" if desc else ""))
     return "\n".join(lines)
@@ -154,6 +160,7 @@ def render_trajectory(
             continue
         n = len(sections) + 1
         if role == "assistant":
+            pending_names = []  # responses answer the latest assistant turn, never an older one
             reasoning, rest = _split_think(text)
             if m.get("tool_calls"):  # raw call text duplicates the parsed calls listed below
                 rest = re.sub(r"<tool_call>.*?(?:</tool_call>|$)", "", rest, flags=re.DOTALL).strip()

@@ -103,9 +103,21 @@ class RemoteJudge:
             self.stats.update(r.judgement for r in replies)
 
     def iter_judge(self, items: Sequence[JudgeInput], **params: Any) -> Iterator[tuple[int, RemoteReply]]:
-        """(index, reply) as requests finish; for callers that save results as they come."""
-        for i, result in self.client.iter_complete(self._prepare(items), **params):
+        """(index, reply) as requests finish; for callers that save results as they come.
+
+        Every item is yielded exactly once: an item the client never answered (a client that stops
+        early) gets an endpoint_error reply; a repeated or out-of-range index from it is ignored."""
+        prompts = self._prepare(items)
+        pending = set(range(len(prompts)))
+        for i, result in self.client.iter_complete(prompts, **params):
+            if i not in pending:
+                continue
+            pending.discard(i)
             reply = self._reply(result)
+            self._record([reply])
+            yield i, reply
+        for i in sorted(pending):
+            reply = self._reply(EndpointError("the endpoint client returned no result for this item", kind="internal"))
             self._record([reply])
             yield i, reply
 

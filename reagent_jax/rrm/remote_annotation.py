@@ -29,6 +29,7 @@ from typing import Any, Iterable, Sequence
 from reagent_jax.endpoints import EndpointConfig
 from reagent_jax.rrm.base import JudgeRequest
 from reagent_jax.rrm.parser import JudgementStatus
+from reagent_jax.rrm.prompt import build_rrm_messages
 from reagent_jax.rrm.remote import RemoteJudge, RemoteReply
 
 MAX_LISTED = 5  # examples of bad lines / errors kept in the summary
@@ -91,7 +92,8 @@ def done_ids(path: str | None) -> set[str]:
 
 
 def read_trajectories(path: str, summary: AnnotationSummary) -> Iterable[tuple[str, dict[str, Any], JudgeRequest]]:
-    """(id, record, request) per usable line; bad lines are counted in `summary`, not raised."""
+    """(id, record, request) per usable line; bad lines (including ones the judge prompt cannot be
+    built from) are counted in `summary`, not raised, so one bad row never stops the run."""
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
@@ -108,6 +110,7 @@ def read_trajectories(path: str, summary: AnnotationSummary) -> Iterable[tuple[s
                 if not isinstance(trajectory, list) or not all(isinstance(m, dict) and "role" in m
                                                                for m in trajectory):
                     raise ValueError("'trajectory' (or 'messages') is not a list of chat messages")
+                build_rrm_messages(question, trajectory, tools=record.get("tools"))  # e.g. bad 'tools'
             except ValueError as exc:
                 summary.bad_input += 1
                 summary.note(f"{path}:{line_no}: {exc}")

@@ -5,10 +5,14 @@ RRM GRPO reward (documented choice):
     r = format_ok * (1 - |score - target|)
 format_ok is 1 when the parser finds think, critique and one in-range score (status "ok"), else
 0 (no credit for a well-placed number in a malformed reply). `target` is the record's label in
-[0, 1] (e.g. 1.0 for a correct trajectory, 0.0 for a wrong one, or an annotator's score).
+[0, 1] (e.g. 1.0 for a correct trajectory, 0.0 for a wrong one, or an annotator's score); any
+other target (None, NaN, 1.5, "yes") is a data error and raises, since it would give a reward
+outside [0, 1] or NaN.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Sequence
 
 import numpy as np
@@ -16,15 +20,26 @@ import numpy as np
 from reagent_jax import chat
 from reagent_jax.agent.trajectory import Trajectory
 from reagent_jax.rollout import SamplingParams
-from reagent_jax.rrm.parser import JudgementStats, JudgementStatus, parse_judgement
+from reagent_jax.rrm.parser import Judgement, JudgementStats, JudgementStatus, parse_judgement
 from reagent_jax.rrm.prompt import build_rrm_messages
 
 
+def check_target(target: float) -> float:
+    """The RRM GRPO label as a float in [0, 1]; ValueError saying what it was otherwise."""
+    if isinstance(target, bool) or not isinstance(target, numbers.Real) or not math.isfinite(target) \
+            or not 0.0 <= target <= 1.0:
+        raise ValueError(f"RRM reward target must be a number in [0, 1], got {target!r:.100}")
+    return float(target)
+
+
+def judgement_reward(j: Judgement, target: float) -> float:
+    """rrm_reward of an already parsed judgement (see the module docstring)."""
+    target = check_target(target)
+    return float(1.0 - abs(j.score - target)) if j.status == JudgementStatus.OK else 0.0
+
+
 def rrm_reward(text: str, target: float) -> float:
-    j = parse_judgement(text)
-    if j.status != JudgementStatus.OK:
-        return 0.0
-    return float(1.0 - abs(j.score - float(target)))
+    return judgement_reward(parse_judgement(text), target)
 
 
 def sft_conversation(question: str, trajectory: Sequence[dict], judgement_text: str, *, tools=None,
@@ -63,6 +78,11 @@ class RRMCollect:
 
     def collect(self, loop, records, n, seed):
         im_end = self.tok.convert_tokens_to_ids("<|im_end|>")
+        for j, rec in enumerate(records):  # before any sampling: a bad label must not cost a rollout
+            try:
+                check_target(rec.get("target"))
+            except ValueError as e:
+                raise ValueError(f"RRM record {rec.get('id', j)!r}: {e}") from None
         prompts, meta = [], []
         for j, rec in enumerate(records):
             msgs = build_rrm_messages(rec["question"], [m for m in rec["trajectory"] if m["role"] != "system"],
@@ -74,11 +94,13 @@ class RRMCollect:
         sps = [SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new, stop_token_ids=(im_end,),
                               seed=(seed * 1_000_003 + k) % (2 ** 31)) for k in range(len(prompts))]
         results = loop.engine.generate(prompts, sps)
-        trajs, scores = [], []
+        trajs, scores, format_ok = [], [], []
         for (j, i), ids, res in zip(meta, prompts, results):
             text = self.tok.decode(res.tokens, skip_special_tokens=True)
-            scores.append(rrm_reward(text, records[j]["target"]))
-            self.stats.update(parse_judgement(text))
+            judgement = parse_judgement(text)
+            scores.append(judgement_reward(judgement, records[j]["target"]))
+            format_ok.append(judgement.ok)  # not reward > 0: an ok reply can earn 0 (score 0, target 1)
+            self.stats.update(judgement)
             t = Trajectory(question=records[j], messages=[], tokens=ids + list(res.tokens),
                            loss_mask=[0] * len(ids) + [1] * len(res.tokens),
                            logprobs=[0.0] * len(ids) + [float(x) for x in res.logprobs], prompt_len=len(ids),
@@ -86,5 +108,4 @@ class RRMCollect:
                            finish_reason="answer" if res.finish_reason == "stop" else "length")
             trajs.append(t)
         groups = np.array([j for j, _ in meta], np.int32)
-        return trajs, np.asarray(scores, np.float32), groups, {"rrm/format_ok_frac": float(np.mean(
-            [s > 0 for s in scores]))}
+        return trajs, np.asarray(scores, np.float32), groups, {"rrm/format_ok_frac": float(np.mean(format_ok))}
