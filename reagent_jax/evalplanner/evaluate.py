@@ -12,7 +12,8 @@ Protocols (records are the parser's dicts {"id", "swapped", "verdict", "correct"
   position-consistent    the pair is shown in both orders and counts only when both verdicts are
                          right (the paper's metric for every benchmark but RewardBench).
 Extra columns: no_verdict (share of judgements without a single verdict) and picks_A (share of
-verdicts "A"; 0.5 is unbiased since the correct answer is A exactly half of the time).
+the A / B verdicts that are "A", None without any; 0.5 is unbiased since the correct answer is A
+exactly half of the time).
 
     report = evaluate_pairs(judge, load_pairwise_set("rewardbench.jsonl"), seed=0)
     print(category_table(report))
@@ -66,7 +67,8 @@ def _summary(records: Sequence[Mapping[str, Any]], orders: Mapping[Any, bool]) -
     out["position_consistent_accuracy"] = position_consistent_accuracy(both) if both else None
     verdicts = [r["verdict"] for r in records]
     out["no_verdict"] = sum(v not in ("A", "B") for v in verdicts) / len(verdicts)
-    out["picks_A"] = sum(v == "A" for v in verdicts) / len(verdicts)
+    decided = [v for v in verdicts if v in ("A", "B")]  # a judge that often abstains is not biased to B
+    out["picks_A"] = sum(v == "A" for v in decided) / len(decided) if decided else None
     return out
 
 
