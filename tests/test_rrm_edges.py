@@ -213,3 +213,46 @@ def test_rrm_config_rejects_weights_that_would_poison_rewards(kwargs, field):
 ])
 def test_lambda_schedule_extremes(kwargs, step, lam):
     assert strategies._lam(strategies.RRMConfig(**kwargs), step) == pytest.approx(lam)
+
+
+# ---- local and rule judges: items they cannot judge get an explicit status, never a parse of ""
+
+
+class _ReplyEngine:
+    """Answers each prompt with a fixed reply; answers only the first `answer` prompts."""
+
+    def __init__(self, tok, reply: str, max_len: int, answer: int | None = None):
+        self.tok, self.reply, self.max_len, self.answer = tok, reply, max_len, answer
+        self.prompt_lens: list[int] = []
+
+    def generate(self, prompts, sampling):
+        from reagent_jax.rollout.session import Result
+        self.prompt_lens += [len(p) for p in prompts]
+        ids = self.tok.encode(self.reply)
+        return [Result(i, list(ids), [0.0] * len(ids), "stop") for i, _ in enumerate(prompts[:self.answer])]
+
+
+def test_local_judge_marks_too_long_prompts_and_unanswered_items():
+    from reagent_jax import chat
+    from reagent_jax.rrm.judges import LocalJudge
+    reply = "<think>checked</think><critique>fine</critique><score>0.8</score>"
+    tok = chat.build_compact_tokenizer(["checked fine score critique think question answer tool " * 3, reply],
+                                       vocab_size=300)
+    short = ("Q?", [{"role": "assistant", "content": "A"}])
+    long = ("Q?", [{"role": "assistant", "content": "answer " * 400}])
+    probe = LocalJudge(_ReplyEngine(tok, reply, 10_000), tok)
+    n_short = len(probe.prompt_ids(*short))
+    engine = _ReplyEngine(tok, reply, max_len=n_short + 50, answer=1)
+    judge = LocalJudge(engine, tok, fallback_score=0.25)
+    out = judge.judge_many([short, long, short])
+    assert engine.prompt_lens == [n_short, n_short]  # the long prompt never reached the engine
+    assert out[0].status == S.OK and out[0].score == pytest.approx(0.8)
+    assert str(out[1].status) == "prompt_too_long" and out[1].score == 0.25
+    assert str(out[2].status) == "no_reply" and out[2].score == 0.25  # the engine answered one of two
+    assert judge.stats.total == 3 and judge.stats.counts["prompt_too_long"] == 1
+
+
+def test_rule_judge_refuses_mismatched_records():
+    from reagent_jax.rrm.judges import RuleJudge
+    with pytest.raises(ValueError, match="2 items but 1 records"):
+        RuleJudge().judge_many([("Q?", []), ("Q2?", [])], records=[{"question": "Q?", "answer": ["a"]}])

@@ -52,6 +52,8 @@ class JudgeFailure(str, enum.Enum):
     """Statuses of judgements that never reached the parser (not parse outcomes)."""
 
     ENDPOINT_ERROR = "endpoint_error"  # the request failed for good: score = fallback
+    PROMPT_TOO_LONG = "prompt_too_long"  # the judge prompt does not fit the judge's context: fallback
+    NO_REPLY = "no_reply"  # the judge's engine returned no result for the item: fallback
 
     def __str__(self) -> str:
         return self.value

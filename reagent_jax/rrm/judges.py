@@ -8,7 +8,7 @@ from typing import Any, Optional, Sequence
 
 from reagent_jax import chat
 from reagent_jax.rollout import SamplingParams
-from reagent_jax.rrm.base import as_request
+from reagent_jax.rrm.base import JudgeFailure, as_request, failed_judgement
 from reagent_jax.rrm.parser import Judgement, JudgementStats, parse_judgement
 from reagent_jax.rrm.prompt import build_rrm_messages
 
@@ -34,10 +34,11 @@ class LocalJudge:
         reqs = [as_request(it, i) for i, it in enumerate(items)]
         prompts = [self.prompt_ids(r.question, r.trajectory, r.tools) for r in reqs]
         limit = self.engine.max_len - 1
-        out: list[Optional[Judgement]] = [None] * len(reqs)
+        # Too long for the judge's context, or (an engine bug) never answered: an explicit failure
+        # status with the fallback score, never a parse of an empty reply.
+        out = [failed_judgement(self.fallback, JudgeFailure.PROMPT_TOO_LONG if len(p) >= limit
+                                else JudgeFailure.NO_REPLY) for p in prompts]
         ok_idx = [i for i, p in enumerate(prompts) if len(p) < limit]
-        for i in set(range(len(reqs))) - set(ok_idx):  # too long for the judge's context: fallback
-            out[i] = parse_judgement("", fallback_score=self.fallback)
         results = self.engine.generate([prompts[i] for i in ok_idx], self.sampling) if ok_idx else []
         for i, res in zip(ok_idx, results):
             text = self.tok.decode(res.tokens, skip_special_tokens=True)
@@ -58,6 +59,8 @@ class RuleJudge:
         from reagent_jax.rrm.annotator import annotate
         if records is None:
             raise ValueError("RuleJudge needs the question records (with answers) of the trajectories")
+        if len(records) != len(items):
+            raise ValueError(f"RuleJudge: {len(items)} items but {len(records)} records; one record per item")
         out = [parse_judgement(annotate(rec, as_request(it, i).trajectory, multi_dim=self.multi_dim).text)
                for i, (it, rec) in enumerate(zip(items, records))]
         self.stats.update(out)
