@@ -13,21 +13,23 @@ Figures are medians over --iters runs; ratios are against a baseline run in the 
 from __future__ import annotations
 
 import json
+import os
 
 from absl import app, flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", "forward", ["forward", "rollout", "train_step", "grpo_step", "tools", "serve", "eval"],
                   "What to measure.")
-flags.DEFINE_integer("clients", 64, "serve mode: concurrent clients.")
+flags.DEFINE_integer("clients", 64, "serve mode: concurrent clients.", lower_bound=1)
 flags.DEFINE_bool("stream", False, "serve mode: stream responses (server-sent events).")
-flags.DEFINE_integer("vocab_size", 0, "serve mode: override the preset's vocabulary size (0: keep it).")
+flags.DEFINE_integer("vocab_size", 0, "serve mode: override the preset's vocabulary size (0: keep it).",
+                     lower_bound=0)
 flags.DEFINE_string("preset", "bench-512", "Model shape preset (reagent_jax.models.preset_names()).")
-flags.DEFINE_integer("batch", 4, "Batch size.")
-flags.DEFINE_integer("seq_len", 512, "Sequence length (forward / train_step).")
-flags.DEFINE_integer("prompt_len", 64, "Prompt tokens (rollout).")
-flags.DEFINE_integer("new_tokens", 64, "Generated tokens (rollout).")
-flags.DEFINE_integer("iters", 3, "Timed repetitions (median reported).")
+flags.DEFINE_integer("batch", 4, "Batch size.", lower_bound=1)
+flags.DEFINE_integer("seq_len", 512, "Sequence length (forward / train_step).", lower_bound=1)
+flags.DEFINE_integer("prompt_len", 64, "Prompt tokens (rollout).", lower_bound=1)
+flags.DEFINE_integer("new_tokens", 64, "Generated tokens (rollout).", lower_bound=1)
+flags.DEFINE_integer("iters", 3, "Timed repetitions (median reported).", lower_bound=1)
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                   "forward / rollout / train_step / grpo_step: compute dtype (weights stay fp32; the torch "
                   "baselines run under the same dtype, bf16 as autocast). fp32 is the like-for-like CPU default.")
@@ -39,6 +41,8 @@ flags.DEFINE_string("workdir", None, "tools mode: a finished quickstart workdir 
 
 def main(argv):
     del argv
+    if FLAGS.mode == "tools" and FLAGS.workdir and not os.path.isdir(os.path.join(FLAGS.workdir, "sft", "final")):
+        raise app.UsageError(f"--workdir={FLAGS.workdir}: not a finished quickstart workdir (no sft/final in it)")
     from reagent_jax import models
     cfg = models.preset(FLAGS.preset)
     if FLAGS.mode == "forward":

@@ -7,20 +7,25 @@ Use `--mesh=gpu8` (or another preset) to shard while converting large models.
 """
 from __future__ import annotations
 
+import os
+
 from absl import app, flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("direction", None, ["hf_to_orbax", "orbax_to_hf"], "Conversion direction.")
 flags.DEFINE_string("src", None, "Source checkpoint directory.")
 flags.DEFINE_string("dst", None, "Destination directory.")
-flags.DEFINE_string("dtype", "float32", "Parameter dtype to write (float32 or bfloat16).")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "Parameter dtype to write.")
 flags.DEFINE_string("mesh", None, "Optional mesh preset (see reagent_jax.parallel.MESH_PRESETS).")
-flags.DEFINE_integer("max_shard_mb", 4096, "HF output: max size of one safetensors file.")
+flags.DEFINE_integer("max_shard_mb", 4096, "HF output: max size of one safetensors file.", lower_bound=1)
 flags.mark_flags_as_required(["direction", "src", "dst"])
 
 
 def main(argv):
     del argv
+    if not os.path.isdir(FLAGS.src):
+        raise app.UsageError(f"--src={FLAGS.src}: no such directory (an HF checkpoint for hf_to_orbax, a "
+                             "reagent_jax params dir such as workdir/grpo/final for orbax_to_hf)")
     from reagent_jax import checkpoint, models, parallel
     mesh = parallel.mesh_from_preset(FLAGS.mesh) if FLAGS.mesh else None
     if FLAGS.direction == "hf_to_orbax":

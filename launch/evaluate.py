@@ -15,12 +15,13 @@ import logging
 import os
 
 from absl import app, flags
-from ml_collections import config_flags
+
+import config_checks  # launch/config_checks.py (this script's directory is on sys.path)
 
 FLAGS = flags.FLAGS
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
                                "evaluate_example.py")
-config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Path to an ml_collections config file.", lock_config=True)
+config_checks.define_config_file("config", _DEFAULT_CONFIG, "Path to an ml_collections config file.")
 flags.DEFINE_string("outdir", None, "Output directory (results.jsonl, summary.json, results.md, charts).")
 flags.mark_flags_as_required(["outdir"])
 
@@ -28,6 +29,8 @@ flags.mark_flags_as_required(["outdir"])
 def main(argv):
     del argv
     logging.getLogger().setLevel(logging.INFO)
+    import jax
+    config_checks.run_checked(lambda: config_checks.check_eval_config(FLAGS.config, num_devices=jax.device_count()))
     from reagent_jax.eval import from_config
     out = from_config.run(FLAGS.config, FLAGS.outdir)
     with open(out["paths"]["table"]) as f:
@@ -36,4 +39,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=config_checks.parse_flags)

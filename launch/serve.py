@@ -26,14 +26,14 @@ flags.DEFINE_string("name", None, "Model name clients use (default: the policy d
                     "for training outputs: workdir/grpo/final -> grpo-final).")
 flags.DEFINE_list("aliases", [], "Other names accepted for the model.")
 flags.DEFINE_string("host", "127.0.0.1", "Interface to bind (127.0.0.1: this machine only).")
-flags.DEFINE_integer("port", 8000, "Port.")
+flags.DEFINE_integer("port", 8000, "Port.", lower_bound=0, upper_bound=65535)
 flags.DEFINE_string("api_key", None, "Require 'Authorization: Bearer <key>' (default: $REAGENT_SERVE_API_KEY if set).")
-flags.DEFINE_string("dtype", "bfloat16", "Parameter dtype for HF checkpoints.")
+flags.DEFINE_enum("dtype", "bfloat16", ["float32", "bfloat16", "float16"], "Parameter dtype for HF checkpoints.")
 flags.DEFINE_string("mesh", "single", "reagent_jax.parallel mesh preset.")
-flags.DEFINE_integer("num_slots", 64, "Sequences decoded together (engine cache rows).")
-flags.DEFINE_integer("max_len", 8192, "Context length per sequence (prompt + generation).")
-flags.DEFINE_integer("prefill_chunk", 512, "Most prompt tokens of one sequence per prefill call.")
-flags.DEFINE_integer("decode_steps", 8, "Decode steps fused per device call.")
+flags.DEFINE_integer("num_slots", 64, "Sequences decoded together (engine cache rows).", lower_bound=1)
+flags.DEFINE_integer("max_len", 8192, "Context length per sequence (prompt + generation).", lower_bound=2)
+flags.DEFINE_integer("prefill_chunk", 512, "Most prompt tokens of one sequence per prefill call.", lower_bound=1)
+flags.DEFINE_integer("decode_steps", 8, "Decode steps fused per device call.", lower_bound=1)
 flags.DEFINE_integer("max_tokens", 4096, "Most tokens one choice may generate.")
 flags.DEFINE_integer("max_prompt_tokens", None, "Most prompt tokens (default: max_len - 1).")
 flags.DEFINE_integer("max_concurrent", 256, "Requests in flight; more are answered 429.")
@@ -61,6 +61,11 @@ def _read_replies(path: str) -> list[str]:
 def main(argv):
     del argv
     logging.getLogger().setLevel(logging.INFO)
+    if FLAGS.scripted_replies and not os.path.isfile(FLAGS.scripted_replies):
+        raise app.UsageError(f"--scripted_replies={FLAGS.scripted_replies}: no such file")
+    for name in ("policy", "tokenizer"):  # before anything is loaded
+        if FLAGS[name].value and not os.path.isdir(FLAGS[name].value):
+            raise app.UsageError(f"--{name}={FLAGS[name].value}: no such directory")
     from reagent_jax import chat, parallel, serve
     limits = serve.ServerLimits(max_prompt_tokens=FLAGS.max_prompt_tokens, max_tokens=FLAGS.max_tokens,
                                 max_n=FLAGS.max_n, max_concurrent=FLAGS.max_concurrent,

@@ -7,16 +7,18 @@ r"""Training entry point (absl flags + ml_collections config).
 The config's `pipeline` field picks the pipeline (default: the agent pipeline, stages sft,grpo).
 Multi-host: set REAGENT_COORDINATOR / REAGENT_NUM_PROCESSES / REAGENT_PROCESS_ID (or
 REAGENT_DISTRIBUTED=1 on Cloud TPU / SLURM) and run the same command on every host.
+The config is checked first (launch/config_checks.py): invalid fields stop the run before any work.
 """
 from __future__ import annotations
 
 import logging
 
 from absl import app, flags
-from ml_collections import config_flags
+
+import config_checks  # launch/config_checks.py (this script's directory is on sys.path)
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config file.", lock_config=True)
+config_checks.define_config_file("config", None, "Path to an ml_collections config file.")
 flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, tokenizer, outputs).")
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -28,6 +30,9 @@ def main(argv):
     from reagent_jax.parallel import maybe_initialize_distributed
     maybe_initialize_distributed()
     config = FLAGS.config
+    import jax
+    config_checks.run_checked(lambda: config_checks.check_train_config(config, FLAGS.workdir,
+                                                                       num_devices=jax.device_count()))
     pipeline = config.get("pipeline", "agent")
     if pipeline == "agent":
         from reagent_jax.trainers import agent_pipeline
@@ -40,4 +45,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=config_checks.parse_flags)

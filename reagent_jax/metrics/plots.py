@@ -54,6 +54,8 @@ def plot_curves(workdir: str | os.PathLike, keys: Optional[Sequence[str]] = None
     from matplotlib.figure import Figure
 
     workdir = os.fspath(workdir)
+    if isinstance(keys, str):  # one key, not its characters
+        keys = [keys]
     rows = read_metrics(workdir)
     series: dict[str, tuple[list[int], list[float]]] = {}
     for row in rows:

@@ -92,7 +92,8 @@ class ProgressBar:
         if metrics:
             self.set_metrics(metrics)
         self._bar.update(n)
-        if self.disabled and self.log_every and self.step % self.log_every == 0:
+        # a line whenever a multiple of log_every is reached or passed (updates may advance by n > 1)
+        if self.disabled and self.log_every and self.step // self.log_every > (self.step - n) // self.log_every:
             total = f"/{self.total}" if self.total else ""
             shown = " ".join(f"{k}={v}" for k, v in self.postfix.items())
             logging.info("%s step %d%s %s", self.desc, self.step, total, shown)

@@ -74,6 +74,7 @@ class MetricsWriter:
                  resume_step: Optional[int] = None, flush_secs: float = 30.0,
                  enabled: Optional[bool] = None):
         self.workdir = os.fspath(workdir)
+        resume_step = None if resume_step is None else int(resume_step)  # NumPy / JAX ints: JSON and TB need int
         self.enabled = _is_main_process() if enabled is None else enabled
         self.nonfinite_counts: dict[str, int] = {}
         self.rejected_counts: dict[str, int] = {}

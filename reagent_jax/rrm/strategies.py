@@ -138,6 +138,9 @@ def evaluate_refinement(loop, judge, records, *, greedy: bool = True, seed: int 
             "judgements": js, **_judge_metrics(js)}
 
 
+STRATEGY_NAMES = ("grpo", "reagent_c", "reagent_r", "reagent_u")  # what `build` (and config.strategy) accepts
+
+
 def build(name: str, judge, config: RRMConfig = RRMConfig()):
     """Strategy for `run_grpo` (None = plain GRPO, also used for reagent_c training)."""
     if name in ("grpo", "reagent_c"):
@@ -146,4 +149,4 @@ def build(name: str, judge, config: RRMConfig = RRMConfig()):
         return ReagentR(judge, config)
     if name == "reagent_u":
         return ReagentU(judge, config)
-    raise ValueError(f"unknown strategy {name!r}; use grpo, reagent_c, reagent_r or reagent_u")
+    raise ValueError(f"unknown strategy {name!r}; use one of {', '.join(STRATEGY_NAMES)}")
