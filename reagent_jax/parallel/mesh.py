@@ -31,7 +31,13 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1,
               devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
     """A (data, fsdp, tensor) mesh over `devices` (default: all). One size may be -1 (the rest)."""
     devices = list(devices if devices is not None else jax.devices())
+    if not devices:
+        raise ValueError("make_mesh: no devices given")
     sizes = [data, fsdp, tensor]
+    for axis, size in zip(MESH_AXES, sizes):
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or (size < 1 and size != -1):
+            raise ValueError(f"make_mesh: {axis}={size!r} must be a positive int or -1 (all remaining devices)")
+    sizes = [int(s) for s in sizes]
     if sizes.count(-1) > 1:
         raise ValueError(f"at most one mesh axis may be -1, got data={data} fsdp={fsdp} tensor={tensor}")
     known = int(np.prod([s for s in sizes if s != -1]))
@@ -51,9 +57,25 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1,
 
 
 def mesh_from_preset(name: str, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+    """The preset's mesh over `devices` (default: all). "single" takes the first device, so it
+    also works on a multi-device host; other presets must fit the device count exactly."""
     if name not in MESH_PRESETS:
         raise KeyError(f"unknown mesh preset {name!r}; known: {sorted(MESH_PRESETS)}")
-    return make_mesh(*MESH_PRESETS[name], devices=devices)
+    devices = list(devices if devices is not None else jax.devices())
+    if name == "single":
+        devices = devices[:1]
+    try:
+        return make_mesh(*MESH_PRESETS[name], devices=devices)
+    except ValueError as e:
+        fits = [p for p, sizes in MESH_PRESETS.items() if p == "single" or _fits(sizes, len(devices))]
+        data, fsdp, tensor = MESH_PRESETS[name]
+        raise ValueError(f"mesh preset {name!r} (data={data} x fsdp={fsdp} x tensor={tensor}, -1 = the rest) does not "
+                         f"fit the {len(devices)} available devices: {e}. Presets that fit: {fits}") from None
+
+
+def _fits(sizes: Sequence[int], n: int) -> bool:
+    known = int(np.prod([s for s in sizes if s != -1]))
+    return n % known == 0 if -1 in sizes else known == n
 
 
 def maybe_initialize_distributed(coordinator_address: Optional[str] = None,

@@ -55,6 +55,23 @@ def _lookup(rules: Rules, name: Optional[str]) -> tuple[str, ...]:
     raise KeyError(f"logical axis {name!r} has no rule; add it to the rules table")
 
 
+def check_mesh_axes(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> None:
+    """Raises ValueError when the rules and the mesh disagree on axis names in a way that would
+    silently replicate arrays: a rule naming a mesh axis that is neither in the mesh nor one of
+    MESH_AXES (a typo such as "fdsp"), or a mesh axis of size > 1 outside MESH_AXES that no rule
+    uses (a mesh built with other names, e.g. ("dp", "model")). A standard axis the mesh lacks is
+    treated as size 1."""
+    ruled = {a for _, axes in rules if axes is not None for a in ((axes,) if isinstance(axes, str) else axes)}
+    typos = sorted(a for a in ruled if a not in mesh.shape and a not in MESH_AXES)
+    if typos:
+        raise ValueError(f"the rules table maps onto mesh axes {typos}, which mesh {dict(mesh.shape)} does not have "
+                         f"(mesh axes are {MESH_AXES}; build meshes with parallel.make_mesh)")
+    unused = sorted(a for a, n in mesh.shape.items() if n > 1 and a not in MESH_AXES and a not in ruled)
+    if unused:
+        raise ValueError(f"mesh {dict(mesh.shape)} has axes {unused} that no rule maps onto, so every array would be "
+                         f"replicated over them; name mesh axes {MESH_AXES} (parallel.make_mesh) or add rules for them")
+
+
 def logical_to_spec(logical_axes: Sequence[Optional[str]], shape: Optional[Sequence[int]] = None,
                     mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES) -> P:
     """PartitionSpec for an array with these logical axes.
@@ -62,6 +79,11 @@ def logical_to_spec(logical_axes: Sequence[Optional[str]], shape: Optional[Seque
     With `shape` and `mesh`, mesh axes that do not divide a dimension (or are already used by an
     earlier dimension) are dropped, so the spec is always valid for that array.
     """
+    if shape is not None and len(shape) != len(logical_axes):
+        raise ValueError(f"logical axes {tuple(logical_axes)} name {len(logical_axes)} dimensions but the array has "
+                         f"shape {tuple(shape)}")
+    if mesh is not None:
+        check_mesh_axes(mesh, rules)
     used: set[str] = set()
     out = []
     for i, name in enumerate(logical_axes):
