@@ -12,6 +12,7 @@ import re
 import sys
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
 from absl import app
 
 AGENT_STAGES = ("rrm_sft", "rrm_grpo", "sft", "grpo")
@@ -95,18 +96,16 @@ class _Problems:
 
 
 def _mesh(p: _Problems, num_devices: Optional[int]) -> None:
-    from reagent_jax.parallel import MESH_PRESETS
+    from reagent_jax.parallel import MESH_PRESETS, preset_fits
     p.one_of("mesh", sorted(MESH_PRESETS))
     name = p.get("mesh", None)
-    if name not in MESH_PRESETS or name == "single" or num_devices is None:
+    if name not in MESH_PRESETS or num_devices is None or preset_fits(name, num_devices):
         return
     sizes = MESH_PRESETS[name]
-    fixed = 1
-    for s in sizes:
-        fixed *= s if s > 0 else 1
-    if (-1 in sizes and num_devices % fixed) or (-1 not in sizes and fixed != num_devices):
-        p.add("mesh", f"needs {'a multiple of ' if -1 in sizes else ''}{fixed} devices (data, fsdp, tensor = "
-                      f"{sizes}), but {num_devices} are available; use 'single' or 'auto' here")
+    fixed = int(abs(np.prod(sizes)))
+    p.add("mesh", f"needs {'a multiple of ' if -1 in sizes else ''}{fixed} devices (data, fsdp, tensor = "
+                  f"{sizes}), but {num_devices} are available; presets that fit: "
+                  f"{', '.join(n for n in MESH_PRESETS if preset_fits(n, num_devices))}")
 
 
 def _model(p: _Problems, check_paths: bool) -> None:

@@ -67,15 +67,17 @@ def mesh_from_preset(name: str, devices: Optional[Sequence[jax.Device]] = None) 
     try:
         return make_mesh(*MESH_PRESETS[name], devices=devices)
     except ValueError as e:
-        fits = [p for p, sizes in MESH_PRESETS.items() if p == "single" or _fits(sizes, len(devices))]
+        fits = [p for p in MESH_PRESETS if preset_fits(p, len(devices))]
         data, fsdp, tensor = MESH_PRESETS[name]
         raise ValueError(f"mesh preset {name!r} (data={data} x fsdp={fsdp} x tensor={tensor}, -1 = the rest) does not "
                          f"fit the {len(devices)} available devices: {e}. Presets that fit: {fits}") from None
 
 
-def _fits(sizes: Sequence[int], n: int) -> bool:
+def preset_fits(name: str, num_devices: int) -> bool:
+    """Whether `mesh_from_preset(name)` works on `num_devices` devices ("single" always does)."""
+    sizes = MESH_PRESETS[name]
     known = int(np.prod([s for s in sizes if s != -1]))
-    return n % known == 0 if -1 in sizes else known == n
+    return name == "single" or (num_devices % known == 0 if -1 in sizes else known == num_devices)
 
 
 def maybe_initialize_distributed(coordinator_address: Optional[str] = None,
