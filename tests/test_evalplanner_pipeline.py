@@ -116,3 +116,20 @@ def test_reference_logprob_cache_is_tied_to_its_pairs_and_survives_a_torn_write(
     _save_reference(path, key, ref)
     (tmp_path / "ref_logps.npy.key").unlink()  # killed between the array and its key
     assert _cached_reference(path, key, 2) is None
+
+
+@pytest.mark.parametrize("batch,micro,rows,want", [
+    (8, 2, 100, (8, 2)),   # fits: unchanged
+    (8, 4, 6, (4, 4)),     # shrunk to the data, rounded down to a multiple of micro_batches
+    (8, 4, 3, (3, 3)),     # fewer rows than micro-batches: one row each
+    (8, 1, 5, (5, 1)),
+    (6, 4, 100, (4, 4)),   # a config that never divided: rows per micro-batch never grow
+])
+def test_fit_batch_keeps_micro_batches_bounded(batch, micro, rows, want):
+    """Micro-batches bound memory: a shrunk batch never merges them into one bigger micro-batch."""
+    from types import SimpleNamespace
+    from reagent_jax.evalplanner.training import fit_batch
+    out = fit_batch(SimpleNamespace(batch_size=batch, micro_batches=micro, steps=3), rows)
+    assert (out.batch_size, out.micro_batches) == want and out.steps == 3
+    assert out.batch_size % out.micro_batches == 0
+    assert out.batch_size // out.micro_batches <= max(1, batch // micro)

@@ -182,10 +182,18 @@ def run_dpo(ctx, model_cfg, params, pairs: Sequence[dict], dpo_cfg, stage: str, 
 
 
 def fit_batch(cfg, n_rows: int):
-    """A copy of an SFT / DPO config whose batch size does not exceed the data (tiny runs)."""
+    """A copy of an SFT / DPO config whose batch size does not exceed the data (tiny runs).
+
+    A shrunk batch stays a multiple of `micro_batches` (rounded down) so each micro-batch keeps at
+    most its configured size: micro-batches exist to bound memory, so they are never merged into
+    one; only a batch smaller than `micro_batches` gets one row per micro-batch."""
     d = dict(cfg.items()) if hasattr(cfg, "items") else dict(vars(cfg))
-    d["batch_size"] = max(1, min(int(d["batch_size"]), n_rows))
-    mb = int(d.get("micro_batches", 1))
-    if d["batch_size"] % mb:
-        d["micro_batches"] = 1
+    size = max(1, min(int(d["batch_size"]), n_rows))
+    mb = max(1, int(d.get("micro_batches", 1)))
+    if size % mb:
+        fitted = (size - size % mb, mb) if size >= mb else (size, size)
+        log.warning("batch_size %d with micro_batches=%d does not fit %d rows; using batch_size %d in %d "
+                    "micro-batch(es)", int(d["batch_size"]), mb, n_rows, *fitted)
+        size, mb = fitted
+    d["batch_size"], d["micro_batches"] = size, mb
     return types.SimpleNamespace(**d)

@@ -201,7 +201,10 @@ def run(config, workdir: str) -> dict:
                                   strategy=strategy, temperature=a.temperature, max_len=r.max_len)
             engine.update_params(params)
             evaluate(stage if config.strategy == "grpo" or stage != "grpo" else config.strategy)
-        if config.strategy == "reagent_c" or config.eval.refinement:
+        if (config.strategy == "reagent_c" or config.eval.refinement) and not heldout:
+            log.warning("no held-out questions (config.eval.num_questions / data.eval_path): the Reagent-C "
+                        "refinement evaluation is skipped")
+        elif config.strategy == "reagent_c" or config.eval.refinement:
             from reagent_jax.rrm.strategies import evaluate_refinement
             judge = judge or make_judge(ctx, registry)
             ref = evaluate_refinement(eval_loop, judge, heldout, greedy=config.eval.greedy, seed=config.seed)
