@@ -14,19 +14,13 @@ import httpx
 import openai
 import pytest
 
-from reagent_jax import chat
 from reagent_jax.rollout import Result
 from reagent_jax.serve import ModelService, ScriptedEngine, ServerLimits, ServerThread, make_app
 from reagent_jax.serve import loadgen
+from tests.test_serve import tok  # noqa: F401 - the same compact tokenizer fixture
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 REPLY = "<think>\nweigh it\n</think>\n\nParis é 🙂 is the capital."
-
-
-@pytest.fixture(scope="module")
-def tok():
-    texts = ["What is the capital of France? Paris is the capital.", "search the web for facts \\boxed{}"] * 3
-    return chat.build_compact_tokenizer(texts, vocab_size=320)
 
 
 @pytest.fixture(scope="module")
