@@ -167,7 +167,8 @@ def _checkpoint(p: _Problems) -> None:
 
 
 def _has_final(workdir: Optional[str], stage: str) -> bool:
-    return bool(workdir) and os.path.exists(os.path.join(workdir, stage, "final", "reagent_config.json"))
+    from reagent_jax import checkpoint
+    return bool(workdir) and checkpoint.is_params_dir(os.path.join(workdir, stage, "final"))
 
 
 def _agent(p: _Problems, workdir: Optional[str], check_paths: bool) -> None:

@@ -57,6 +57,11 @@ def save_params(directory: str, cfg: Qwen3Config, params) -> None:
     os.replace(tmp, config_path)  # atomic: a kill leaves no config or a whole one
 
 
+def is_params_dir(directory: str) -> bool:
+    """Whether `directory` holds complete `save_params` output (its config file is written last)."""
+    return os.path.exists(os.path.join(directory, _CONFIG))
+
+
 def load_params(directory: str, mesh: Optional[Mesh] = None, **config_overrides):
     """Reads a `save_params` directory -> (cfg, params), sharded by the rules when a mesh is given."""
     directory = os.path.abspath(directory)

@@ -111,7 +111,7 @@ def _tojson_at(value: Any, where: str) -> str:
         raise ValueError(f"{where} is not JSON-serialisable: {e}") from None
 
 
-def _check_unicode(text: str, where: str) -> None:
+def check_unicode(text: str, where: str) -> None:
     """Lone surrogates are not text: the tokenizer would fail with an opaque TypeError."""
     try:
         text.encode("utf-8")
@@ -149,12 +149,12 @@ def _validate(messages: Sequence[Message]) -> None:
             raise TypeError(f"messages[{i}] must be a dict, got {type(msg).__name__}")
         if msg.get("role") not in _ROLES:
             raise ValueError(f"messages[{i}]: role must be one of {_ROLES}, got {msg.get('role')!r}")
-        _check_unicode(_content(msg, i), f"{_where(i, msg)} content")
+        check_unicode(_content(msg, i), f"{_where(i, msg)} content")
         key, rc = _reasoning_field(msg)
         if rc is not None and not isinstance(rc, str):
             raise ValueError(f"{_where(i, msg)}: {key} must be a string or None")
         if rc is not None:
-            _check_unicode(rc, f"{_where(i, msg)} {key}")
+            check_unicode(rc, f"{_where(i, msg)} {key}")
 
 
 def _split_reasoning(msg: Message, content: str) -> tuple[str, str]:
@@ -304,7 +304,7 @@ def _generation_prompt(enable_thinking: bool) -> str:
 def _tokenize(tok: PreTrainedTokenizerBase, segments: list[tuple[str, bool]]) -> Rendered:
     segments = [(text, trainable) for text, trainable in segments if text]
     for text, _ in segments:  # tools and tool-call arguments were not checked by _validate
-        _check_unicode(text, "rendered text (tools or tool-call arguments)")
+        check_unicode(text, "rendered text (tools or tool-call arguments)")
     if not segments:
         return Rendered([], [], "")
     encoded = tok([text for text, _ in segments], add_special_tokens=False)["input_ids"]

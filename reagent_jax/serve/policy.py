@@ -19,7 +19,6 @@ from reagent_jax import chat, checkpoint, models
 from reagent_jax.rollout import Engine
 
 log = logging.getLogger(__name__)
-REAGENT_CONFIG = "reagent_config.json"  # what `checkpoint.save_params` writes next to the params
 
 
 @dataclasses.dataclass
@@ -40,7 +39,7 @@ def find_tokenizer(path: str) -> Optional[str]:
     """The tokenizer directory that belongs with a checkpoint (see the module docstring)."""
     path = os.path.abspath(path)
     candidates = [path]
-    if os.path.exists(os.path.join(path, REAGENT_CONFIG)):
+    if checkpoint.is_params_dir(path):
         candidates += [os.path.join(os.path.dirname(os.path.dirname(path)), "tokenizer"),
                        os.path.join(os.path.dirname(path), "tokenizer")]
     return next((c for c in candidates if _has_tokenizer(c)), None)
@@ -53,14 +52,14 @@ def load_policy(path: str, tokenizer_path: Optional[str] = None, *, dtype: Optio
     if not path or not os.path.isdir(path):
         raise FileNotFoundError(f"policy path {path!r} is not a directory (expected an HF checkpoint or a "
                                 "reagent_jax params directory such as workdir/grpo/final)")
-    if os.path.exists(os.path.join(path, REAGENT_CONFIG)):
+    if checkpoint.is_params_dir(path):
         cfg, params = checkpoint.load_params(path, mesh=mesh)
         kind = "reagent"
     elif os.path.exists(os.path.join(path, "config.json")):
         cfg, params = models.load_hf_checkpoint(path, dtype=dtype, mesh=mesh)
         kind = "hf"
     else:
-        raise FileNotFoundError(f"{path} has neither {REAGENT_CONFIG} (reagent_jax params) nor config.json "
+        raise FileNotFoundError(f"{path} has neither reagent_config.json (reagent_jax params) nor config.json "
                                 "(HF checkpoint)")
     tok_path = tokenizer_path or find_tokenizer(path)
     tok = chat.load_tokenizer(tok_path)

@@ -14,6 +14,7 @@ import dataclasses
 import json
 from typing import Any, Optional, Sequence
 
+from reagent_jax.chat.render import check_unicode
 from reagent_jax.serve.errors import bad_request
 
 SEED_MOD = 2 ** 32
@@ -289,10 +290,9 @@ def parse_completion(body: Any, limits: ServerLimits, vocab_size: int) -> Comple
             raise bad_request(f"prompt {i} has token ids outside the vocabulary [0, {vocab_size})", "prompt")
         if isinstance(p, str):  # "\ud800" is valid JSON but no tokenizer takes it (it would be a 500)
             try:
-                p.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise bad_request(f"prompt {i} holds a lone surrogate {p[e.start]!r} at char {e.start}; "
-                                  "text must be valid Unicode", "prompt") from None
+                check_unicode(p, f"prompt {i}")
+            except ValueError as e:
+                raise bad_request(str(e), "prompt") from None
     _refuse(body, "suffix", ("",), "no insertion")
     _refuse(body, "logprobs", (), "use /v1/chat/completions with logprobs=true")
     sampling = _sampling(body, limits, default_max_tokens=16)  # OpenAI's default for completions

@@ -34,7 +34,7 @@ class RunContext:
         return os.path.join(self.workdir, stage, "final")
 
     def has_final(self, stage: str) -> bool:
-        return os.path.exists(os.path.join(self.final_dir(stage), "reagent_config.json"))
+        return checkpoint.is_params_dir(self.final_dir(stage))
 
 
 def build_world(config):
@@ -95,7 +95,7 @@ def load_policy(ctx: RunContext, previous_stage: Optional[str]):
     if previous_stage and ctx.has_final(previous_stage):
         return checkpoint.load_params(ctx.final_dir(previous_stage), mesh=ctx.mesh)
     if m.init_from:
-        if os.path.exists(os.path.join(m.init_from, "reagent_config.json")):
+        if checkpoint.is_params_dir(m.init_from):
             return checkpoint.load_params(m.init_from, mesh=ctx.mesh)
         return models.load_hf_checkpoint(m.init_from, dtype=m.param_dtype, compute_dtype=m.compute_dtype,
                                          mesh=ctx.mesh)
