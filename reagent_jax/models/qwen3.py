@@ -223,7 +223,8 @@ class MLP(nn.Module):
         wu = self.param("up", _init(("embed", "mlp")), (c.hidden_size, c.intermediate_size), pdt)
         wd = self.param("down", _init(("mlp", "embed")), (c.intermediate_size, c.hidden_size), pdt)
         xd = x.astype(dt)
-        h = jax.nn.silu(_dense("bte,ef->btf", xd, wg.astype(dt), self.mesh)) * _dense("bte,ef->btf", xd, wu.astype(dt), self.mesh)  # [b, t, f]
+        gate = _dense("bte,ef->btf", xd, wg.astype(dt), self.mesh)
+        h = jax.nn.silu(gate) * _dense("bte,ef->btf", xd, wu.astype(dt), self.mesh)  # [b, t, f]
         h = constrain(h, ("batch", "act_len", "act_mlp"), self.mesh, self.rules)
         return _dense("btf,fe->bte", h, wd.astype(dt), self.mesh)
 
@@ -301,7 +302,7 @@ class Qwen3(nn.Module):
 
         A tied embedding is contracted as stored, [v, e]: written as `embedding.T`, XLA:CPU
         materialised the transposed (and, in bf16, converted) matrix in every call, which made
-        bf16 token logprobs 2x slower than fp32."""
+        bf16 token logprobs 2x slower than fp32. fp32 on one CPU device: OpenBLAS (`cpu_gemm`)."""
         c = self.cfg
         dt = c.jnp_dtype
         if c.tie_word_embeddings:
