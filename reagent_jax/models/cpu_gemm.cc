@@ -72,17 +72,12 @@ static ffi::Error Gemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffe
   const int64_t parts = std::max<int64_t>(1, (int64_t)std::min<double>({double(threads), double(extent), 2.0 * m * n * k / kMinFlopsPerPart}));
   auto job = std::make_shared<Job>();
   job->parts = parts;
-  job->part = [=](int64_t p) {
+  job->part = [=](int64_t p) {  // split_n: C[:, lo:hi] = op(A) . op(B)[:, lo:hi]; else C[lo:hi, :] = op(A)[lo:hi, :] . op(B)
     const int64_t lo = extent * p / parts, hi = extent * (p + 1) / parts;
-    if (split_n) {  // C[:, lo:hi] = op(A) . op(B)[:, lo:hi]
-      const float* pb_p = trans_b ? pb + lo * k : pb + lo;
-      sgemm(kRowMajor, trans_a ? kTrans : kNoTrans, trans_b ? kTrans : kNoTrans, m, hi - lo, k, 1.0f, pa, lda,
-            pb_p, ldb, 0.0f, pc + lo, n);
-    } else {  // C[lo:hi, :] = op(A)[lo:hi, :] . op(B)
-      const float* pa_p = trans_a ? pa + lo : pa + lo * k;
-      sgemm(kRowMajor, trans_a ? kTrans : kNoTrans, trans_b ? kTrans : kNoTrans, hi - lo, n, k, 1.0f, pa_p, lda,
-            pb, ldb, 0.0f, pc + lo * n, n);
-    }
+    const float* pa_p = split_n ? pa : (trans_a ? pa + lo : pa + lo * k);
+    const float* pb_p = split_n ? (trans_b ? pb + lo * k : pb + lo) : pb;
+    sgemm(kRowMajor, trans_a ? kTrans : kNoTrans, trans_b ? kTrans : kNoTrans, split_n ? m : hi - lo,
+          split_n ? hi - lo : n, k, 1.0f, pa_p, lda, pb_p, ldb, 0.0f, split_n ? pc + lo : pc + lo * n, n);
   };
   for (int64_t i = 1; i < parts; ++i) pool.Schedule([job] { job->Work(); });
   job->Work();

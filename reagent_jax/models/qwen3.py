@@ -305,11 +305,11 @@ class Qwen3(nn.Module):
         bf16 token logprobs 2x slower than fp32. fp32 on one CPU device: OpenBLAS (`cpu_gemm`)."""
         c = self.cfg
         dt = c.jnp_dtype
+        hd = h.astype(dt)
         if c.tie_word_embeddings:
-            if cpu_gemm.usable(h.astype(dt), self.embedding, mesh=self.mesh):
-                return cpu_gemm.contract_rows(h.astype(dt), self.embedding)
-            return jnp.einsum("...e,ve->...v", h.astype(dt), self.embedding.astype(dt),
-                              preferred_element_type=jnp.float32)
-        if cpu_gemm.usable(h.astype(dt), self.lm_head, mesh=self.mesh):
-            return cpu_gemm.contract(h.astype(dt), self.lm_head, 1)
-        return jnp.einsum("...e,ev->...v", h.astype(dt), self.lm_head.astype(dt), preferred_element_type=jnp.float32)
+            if cpu_gemm.usable(hd, self.embedding, mesh=self.mesh):
+                return cpu_gemm.contract_rows(hd, self.embedding)
+            return jnp.einsum("...e,ve->...v", hd, self.embedding.astype(dt), preferred_element_type=jnp.float32)
+        if cpu_gemm.usable(hd, self.lm_head, mesh=self.mesh):
+            return cpu_gemm.contract(hd, self.lm_head, 1)
+        return jnp.einsum("...e,ev->...v", hd, self.lm_head.astype(dt), preferred_element_type=jnp.float32)
