@@ -1,5 +1,6 @@
 """The fp32 CPU GEMM through OpenBLAS (models/cpu_gemm.py): values and gradients against NumPy,
-the model on that path against transformers and against XLA's own GEMM, and the fallbacks."""
+the model on that path against transformers and against XLA's own GEMM, and the fallbacks; the
+decode projection kernel (`vocab_logits`) against NumPy and in the engine's sampler."""
 import logging
 
 import jax
@@ -119,9 +120,9 @@ def test_unavailable_blas_falls_back_or_fails_clearly(monkeypatch, tmp_path, cap
     """A missing compiler: `auto` logs why and uses XLA; `blas` is an error naming the cause."""
     monkeypatch.setenv("REAGENT_CACHE_DIR", str(tmp_path))  # nothing compiled there yet
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    load = cpu_gemm._load.__wrapped__  # the uncached body; the process's registration stays as is
+    load = cpu_gemm._library.__wrapped__  # the uncached body; the process's registration stays as is
     with caplog.at_level(logging.INFO, logger="reagent_jax.models.cpu_gemm"):
-        assert load() is False
+        assert load() is None
     assert "no-such-compiler" in caplog.text
     monkeypatch.setenv("REAGENT_CPU_GEMM", "blas")
     with pytest.raises(RuntimeError, match="REAGENT_CPU_GEMM=blas.*no-such-compiler"):
@@ -136,6 +137,15 @@ def test_compile_failure_reports_the_compiler_output(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="compiling bad.cc failed"):
         cpu_gemm._compile()
     assert not list(tmp_path.glob("*.so"))  # nothing half-written is left to be loaded later
+
+
+def test_compiled_library_is_keyed_by_the_compiler_command(monkeypatch, tmp_path):
+    """A library built by another compiler command (or other flags) is never reused for this one."""
+    monkeypatch.setenv("REAGENT_CACHE_DIR", str(tmp_path))
+    first = cpu_gemm._compile()
+    assert cpu_gemm._compile() == first  # built once, then reused
+    monkeypatch.setenv("CXX", "g++")
+    assert cpu_gemm._compile() != first
 
 
 def _xla_path(fn, monkeypatch):
@@ -183,3 +193,59 @@ def test_training_gradients_match_the_xla_path(hf_qwen3, monkeypatch):
     for path_, a in jax.tree_util.tree_leaves_with_path(ours[1]):
         b = dict(jax.tree_util.tree_leaves_with_path(ref[1]))[path_]
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4, err_msg=jax.tree_util.keystr(path_))
+
+
+_VOCAB_KERNEL = cpu_gemm.vocab_logits_usable(jnp.zeros((4, 2)), jnp.zeros((1, 2)))
+needs_vocab_kernel = pytest.mark.skipif(not _VOCAB_KERNEL, reason="vocab_logits kernel needs an AVX-512 CPU")
+
+
+@needs_vocab_kernel
+@pytest.mark.parametrize("v,k", [(1003, 67), (8, 256), (129, 16)])
+@pytest.mark.parametrize("b", [1, 5, 16, 17, 32, 33, 64])
+def test_vocab_logits_matches_numpy(v, k, b):
+    """Every register tile (one or two vectors of rows), row groups of 32, and the tails: vocab
+    rows not a multiple of the tile, hidden sizes not a multiple of the unrolled block."""
+    rng = np.random.default_rng(v + k + b)
+    w, h = _rand(rng, v, k), _rand(rng, b, k)
+    out = np.asarray(jax.jit(cpu_gemm.vocab_logits)(w, h))
+    assert out.shape == (v, b)
+    np.testing.assert_allclose(out, w.astype(np.float64) @ h.T.astype(np.float64), rtol=1e-5, atol=1e-4)
+
+
+@needs_vocab_kernel
+def test_vocab_logits_usable_only_where_it_applies(monkeypatch):
+    w, h = jnp.zeros((300, 8)), jnp.zeros((16, 8))
+    assert cpu_gemm.vocab_logits_usable(w, h)
+    assert not cpu_gemm.vocab_logits_usable(w, jnp.zeros((cpu_gemm.VOCAB_LOGITS_MAX_ROWS + 1, 8)))
+    assert not cpu_gemm.vocab_logits_usable(w, jnp.zeros((0, 8)))
+    assert not cpu_gemm.vocab_logits_usable(w, jnp.zeros((16, 9)))  # hidden sizes differ
+    assert not cpu_gemm.vocab_logits_usable(w.astype(jnp.bfloat16), h)
+    assert not cpu_gemm.vocab_logits_usable(w, h.astype(jnp.bfloat16))
+
+    class Mesh2:
+        size = 2
+    assert not cpu_gemm.vocab_logits_usable(w, h, mesh=Mesh2())
+    monkeypatch.setenv("REAGENT_CPU_GEMM", "xla")
+    assert not cpu_gemm.vocab_logits_usable(w, h)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_sampling_logits_paths_agree(monkeypatch, tied, rows):
+    """The engine's decode projection: the kernel (tied, AVX-512), the matrix-vector product (one
+    row) and the multiply-reduce all give the model's own logits, vocabulary-major."""
+    from reagent_jax.models.qwen3 import Qwen3
+    from reagent_jax.rollout import kernels
+    cfg = models.preset("tiny", compute_dtype="float32", tie_word_embeddings=tied)
+    params = models.init_params(cfg, jax.random.PRNGKey(1))
+    h = jnp.asarray(_rand(np.random.default_rng(rows), rows, cfg.hidden_size))
+    fn = lambda: jax.jit(lambda p, h: kernels.sampling_logits(cfg, p, h))
+    ours = fn()(params, h)
+    hlo = fn().lower(params, h).as_text()
+    assert ("reagent_vocab_logits" in hlo) == (tied and _VOCAB_KERNEL)
+    if rows == 1 and "reagent_vocab_logits" not in hlo:  # a multiply-reduce over one row took ~0.5 s
+        assert "dot_general" in hlo
+    ref = Qwen3(cfg).apply({"params": params}, h, method=Qwen3.project).T  # [V, B]
+    np.testing.assert_allclose(ours, ref, atol=1e-5, rtol=1e-5)
+    xla = _xla_path(lambda: fn()(params, h), monkeypatch)
+    np.testing.assert_allclose(ours, xla, atol=1e-5, rtol=1e-5)

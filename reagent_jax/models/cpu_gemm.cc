@@ -1,5 +1,8 @@
-// XLA FFI handler: an fp32 GEMM on the CPU through a single-threaded ILP64 `cblas_sgemm`
-// (OpenBLAS of the scipy-openblas64 wheel), split over XLA's own intra-op thread pool.
+// XLA FFI handlers for fp32 matmuls on the CPU, each split over XLA's own intra-op thread pool:
+// - ReagentSgemm: a GEMM through a single-threaded ILP64 `cblas_sgemm` (OpenBLAS of the
+//   scipy-openblas64 wheel);
+// - ReagentVocabLogits: few rows against a big row-major weight (the decode step's output
+//   projection with a tied embedding), streamed once from memory by an AVX-512 kernel.
 // Built on first use by reagent_jax/models/cpu_gemm.py; the BLAS entry point is handed in at run
 // time (reagent_set_sgemm), so this file links against nothing but the XLA FFI headers.
 #include <algorithm>
@@ -9,7 +12,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -49,6 +54,18 @@ struct Job {
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 constexpr double kMinFlopsPerPart = 1 << 22;  // below, one thread does the whole GEMM
 
+// Runs part(0..parts-1) on the caller and on parts-1 helper tasks of the pool; returns when all
+// parts are done.
+void RunParts(ffi::ThreadPool& pool, int64_t parts, std::function<void(int64_t)> part) {
+  auto job = std::make_shared<Job>();
+  job->parts = parts;
+  job->part = std::move(part);
+  for (int64_t i = 1; i < parts; ++i) pool.Schedule([job] { job->Work(); });
+  job->Work();
+  std::unique_lock<std::mutex> lock(job->mu);
+  job->cv.wait(lock, [&] { return job->done.load() == job->parts; });
+}
+
 }  // namespace
 
 // Row-major C[m, n] = op(A) . op(B); op(A) is [m, k] (A stored [k, m] when trans_a), op(B) is
@@ -70,19 +87,13 @@ static ffi::Error Gemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffe
   const int64_t extent = split_n ? n : m;
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t parts = std::max<int64_t>(1, (int64_t)std::min<double>({double(threads), double(extent), 2.0 * m * n * k / kMinFlopsPerPart}));
-  auto job = std::make_shared<Job>();
-  job->parts = parts;
-  job->part = [=](int64_t p) {  // split_n: C[:, lo:hi] = op(A) . op(B)[:, lo:hi]; else C[lo:hi, :] = op(A)[lo:hi, :] . op(B)
+  RunParts(pool, parts, [=](int64_t p) {  // split_n: C[:, lo:hi] = op(A) . op(B)[:, lo:hi]; else C[lo:hi, :] = op(A)[lo:hi, :] . op(B)
     const int64_t lo = extent * p / parts, hi = extent * (p + 1) / parts;
     const float* pa_p = split_n ? pa : (trans_a ? pa + lo : pa + lo * k);
     const float* pb_p = split_n ? (trans_b ? pb + lo * k : pb + lo) : pb;
     sgemm(kRowMajor, trans_a ? kTrans : kNoTrans, trans_b ? kTrans : kNoTrans, split_n ? m : hi - lo,
           split_n ? hi - lo : n, k, 1.0f, pa_p, lda, pb_p, ldb, 0.0f, split_n ? pc + lo : pc + lo * n, n);
-  };
-  for (int64_t i = 1; i < parts; ++i) pool.Schedule([job] { job->Work(); });
-  job->Work();
-  std::unique_lock<std::mutex> lock(job->mu);
-  job->cv.wait(lock, [&] { return job->done.load() == job->parts; });
+  });
   return ffi::Error::Success();
 }
 
@@ -97,3 +108,90 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ReagentSgemm, Gemm,
                                   .Attr<int64_t>("m")
                                   .Attr<int64_t>("n")
                                   .Attr<int64_t>("k"));
+
+// ---- ReagentVocabLogits: C[V, B] = W[V, K] . H[B, K]^T for few rows B -----------------------
+// XLA:CPU's fused multiply-reduce for this reads W at ~14 GB/s (and at B = 1 takes ~0.5 s) and its
+// GEMM packs W first; this kernel keeps H^T in registers (16 rows of B per vector), broadcasts
+// each weight into its FMA and prefetches the weight rows two tiles ahead: 7.1-7.7 ms vs
+// 11.4-11.8 ms for [151936, 256] x [16, 256] on 2 cores (BENCHMARKS.md). C comes out
+// vocabulary-major, as the sampler reads it. Rows of H go in groups of 32, one pass over W each.
+namespace {
+
+typedef float Vec16 __attribute__((vector_size(64)));
+constexpr int kPrefetchTiles = 2;
+constexpr int64_t kGroupRows = 32;
+
+// Rows v0..v1 of C's columns [0, bg) (row stride ldc). ht is the group's H^T zero-padded to
+// [K, NB * 16]. Per tile: R rows of W x KB columns, KB * NB vectors of H^T and R * NB accumulators
+// in registers (at most 32 vectors).
+template <int NB, int R, int KB>
+inline __attribute__((always_inline)) void VocabRows(const float* w, int64_t k, const float* ht, float* c,
+                                                     int64_t ldc, int64_t bg, int64_t v0, int64_t v1) {
+  constexpr int64_t bp = NB * 16;
+  int64_t v = v0;
+  for (; v + R <= v1; v += R) {
+    Vec16 acc[R][NB] = {};
+    int64_t k0 = 0;
+    for (; k0 + KB <= k; k0 += KB) {
+      Vec16 hv[KB][NB];
+      for (int kk = 0; kk < KB; ++kk)
+        for (int nb = 0; nb < NB; ++nb) std::memcpy(&hv[kk][nb], ht + (k0 + kk) * bp + nb * 16, 64);
+      for (int r = 0; r < R; ++r) {
+        const float* wr = w + (v + r) * k + k0;
+        __builtin_prefetch(wr + kPrefetchTiles * R * k, 0, 1);  // a hint: never faults
+        for (int kk = 0; kk < KB; ++kk)
+          for (int nb = 0; nb < NB; ++nb) acc[r][nb] += wr[kk] * hv[kk][nb];
+      }
+    }
+    for (; k0 < k; ++k0)
+      for (int r = 0; r < R; ++r)
+        for (int nb = 0; nb < NB; ++nb) {
+          Vec16 h;
+          std::memcpy(&h, ht + k0 * bp + nb * 16, 64);
+          acc[r][nb] += w[(v + r) * k + k0] * h;
+        }
+    for (int r = 0; r < R; ++r) std::memcpy(c + (v + r) * ldc, acc[r], bg * sizeof(float));
+  }
+  if (R > 1 && v < v1) VocabRows<NB, 1, KB>(w, k, ht, c, ldc, bg, v, v1);
+}
+
+__attribute__((target("avx512f,fma"))) void VocabRowsAvx512(const float* w, int64_t k, const float* ht, float* c,
+                                                              int64_t ldc, int64_t bg, int64_t v0, int64_t v1) {
+  if (bg <= 16) return VocabRows<1, 8, 16>(w, k, ht, c, ldc, bg, v0, v1);
+  return VocabRows<2, 6, 8>(w, k, ht, c, ldc, bg, v0, v1);
+}
+
+}  // namespace
+
+extern "C" int reagent_vocab_logits_supported() { return __builtin_cpu_supports("avx512f") ? 1 : 0; }
+
+static ffi::Error VocabLogits(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> h,
+                              ffi::ResultBuffer<ffi::F32> c) {
+  if (w.dimensions().size() != 2 || h.dimensions().size() != 2 || w.dimensions()[1] != h.dimensions()[1]) {
+    return ffi::Error::InvalidArgument("reagent_vocab_logits: expects w [V, K] and h [B, K]");
+  }
+  if (!reagent_vocab_logits_supported()) return ffi::Error::Internal("reagent_vocab_logits: needs an AVX-512 CPU");
+  const int64_t v = w.dimensions()[0], k = w.dimensions()[1], b = h.dimensions()[0];
+  const float *pw = w.typed_data(), *ph = h.typed_data();
+  float* pc = c->typed_data();
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  for (int64_t g0 = 0; g0 < b; g0 += kGroupRows) {
+    const int64_t bg = std::min(kGroupRows, b - g0), bp = bg <= 16 ? 16 : 32;
+    std::vector<float> ht(k * bp, 0.0f);  // the group's H^T, [K, bp]
+    for (int64_t i = 0; i < bg; ++i)
+      for (int64_t j = 0; j < k; ++j) ht[j * bp + i] = ph[(g0 + i) * k + j];
+    const float* pht = ht.data();
+    const int64_t parts = std::max<int64_t>(1, std::min<double>(threads, 2.0 * v * k * bg / kMinFlopsPerPart));
+    RunParts(pool, parts, [=](int64_t p) {
+      VocabRowsAvx512(pw, k, pht, pc + g0, b, bg, v * p / parts, v * (p + 1) / parts);
+    });
+  }
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ReagentVocabLogits, VocabLogits,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

@@ -1,4 +1,5 @@
-"""fp32 matmuls on the CPU through OpenBLAS, as an XLA FFI custom call.
+"""fp32 matmuls on the CPU through OpenBLAS, as XLA FFI custom calls; and a streaming kernel for
+the decode step's output projection (`vocab_logits`).
 
 Why: XLA:CPU's own fp32 GEMM (YNNPACK) runs ~15% below a tuned BLAS on this project's benchmark
 shapes (`[2048, 512] x [512, 151936]`: ~1.0 s vs ~0.86 s on 2 cores), which made the model's
@@ -16,6 +17,11 @@ decode steps) the callers keep the einsum. Gradients are the same GEMMs transpos
 else XLA with one warning), `blas` (an error if it cannot be used), `xla` (never). The handler is
 compiled on first use into `$REAGENT_CACHE_DIR` (default `~/.cache/reagent_jax`), keyed by its
 source and the jax version.
+
+`vocab_logits` (tied embedding [V, E] x a few hidden rows -> [V, B]) is memory-bound at decode;
+XLA:CPU's multiply-reduce reads the weight at about half the machine's bandwidth and its GEMM
+packs the weight first, so an AVX-512 kernel in the same file streams it once (the engine's decode
+step, BENCHMARKS.md). CPUs without AVX-512 keep XLA's loop.
 """
 from __future__ import annotations
 
@@ -35,11 +41,15 @@ import jax.numpy as jnp
 log = logging.getLogger(__name__)
 
 _TARGET = "reagent_sgemm"
+_VOCAB_TARGET = "reagent_vocab_logits"
 _SOURCE = pathlib.Path(__file__).with_name("cpu_gemm.cc")
 _MODES = ("auto", "blas", "xla")
 # Fewer rows than this stay with XLA: at decode (one row per sequence, 16 here) XLA's small GEMMs
 # fused with their neighbours won (engine decode step 15-16 ms vs 17-19 ms through a BLAS).
 MIN_ROWS = 128
+# `vocab_logits` takes at most this many rows (beyond, no faster than XLA's loop: 40 vs 42 ms at
+# 64 rows, 80 vs 78 ms at 128 with the full Qwen3 vocabulary).
+VOCAB_LOGITS_MAX_ROWS = 64
 
 
 def mode() -> str:
@@ -66,18 +76,18 @@ def _cache_dir() -> pathlib.Path:
 
 
 def _compile() -> pathlib.Path:
-    """Builds the handler once per (source, jax version); the rename makes concurrent builds safe."""
-    src = _SOURCE.read_bytes()
-    key = hashlib.sha256(src + jax.__version__.encode()).hexdigest()[:16]
+    """Builds the handlers once per (source, compiler command, jax version); the rename makes
+    concurrent builds safe. -O3: the vocab kernel needs its register tiles fully unrolled."""
+    cxx = os.environ.get("CXX", "c++")
+    flags = ["-O3", "-shared", "-fPIC", "-std=c++17", "-w", f"-I{jax.ffi.include_dir()}"]
+    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join([cxx, *flags, jax.__version__]).encode()).hexdigest()[:16]
     out = _cache_dir() / f"cpu_gemm-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    cxx = os.environ.get("CXX", "c++")
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_so = pathlib.Path(tmp, out.name)
-        cmd = [cxx, "-O2", "-shared", "-fPIC", "-std=c++17", "-w", f"-I{jax.ffi.include_dir()}", str(_SOURCE),
-               "-o", str(tmp_so)]
+        cmd = [cxx, *flags, str(_SOURCE), "-o", str(tmp_so)]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -89,19 +99,25 @@ def _compile() -> pathlib.Path:
 
 
 @functools.lru_cache(maxsize=None)
-def _load() -> bool:
-    """Registers the FFI target; False when it can't be used (the reason is logged once)."""
+def _library() -> ctypes.CDLL | None:
+    """Builds, loads and registers the FFI targets; None when they can't be used (the reason is
+    logged once)."""
     try:
         blas = _open_blas()
         so = ctypes.CDLL(str(_compile()))
         so.reagent_set_sgemm(ctypes.cast(blas.scipy_cblas_sgemm64_, ctypes.c_void_p))
         jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(so.ReagentSgemm), platform="cpu")
-        return True
+        jax.ffi.register_ffi_target(_VOCAB_TARGET, jax.ffi.pycapsule(so.ReagentVocabLogits), platform="cpu")
+        return so
     except (OSError, RuntimeError, AttributeError) as e:
         if mode() == "blas":
             raise RuntimeError(f"REAGENT_CPU_GEMM=blas but the OpenBLAS GEMM is unavailable: {e}") from e
         log.warning("fp32 CPU matmuls use XLA's (slower) GEMM: %s. Set REAGENT_CPU_GEMM=xla to silence this.", e)
-        return False
+        return None
+
+
+def _load() -> bool:
+    return _library() is not None
 
 
 def usable(x: jax.Array, w: jax.Array, mesh=None, n_contract: int = 1) -> bool:
@@ -173,3 +189,27 @@ def leading_contraction(eq: str) -> int | None:
         if xs[len(xs) - c:] == ws[:c] and out == xs[:len(xs) - c] + ws[c:]:
             return c if len(set(xs + ws)) == len(xs) + len(ws) - c else None
     return None
+
+
+def vocab_logits_usable(w: jax.Array, h: jax.Array, mesh=None) -> bool:
+    """True when w [V, E] . h [B, E]^T may go through `vocab_logits`: CPU with AVX-512, fp32,
+    no device mesh, 1 <= B <= VOCAB_LOGITS_MAX_ROWS. Decided at trace time."""
+    if mode() == "xla" or jax.default_backend() != "cpu" or (mesh is not None and mesh.size > 1):
+        return False
+    if w.ndim != 2 or h.ndim != 2 or w.shape[1] != h.shape[1] or not 1 <= h.shape[0] <= VOCAB_LOGITS_MAX_ROWS:
+        return False
+    if w.dtype != jnp.float32 or h.dtype != jnp.float32 or w.size == 0:
+        return False
+    so = _library()
+    return so is not None and bool(so.reagent_vocab_logits_supported())
+
+
+def vocab_logits(w: jax.Array, h: jax.Array) -> jax.Array:
+    """w [V, E] . h [B, E]^T -> [V, B] fp32 (vocabulary-major, as the sampler reads it), one pass
+    over w per 32 rows of h. Not differentiable (sampling only). Call only where
+    `vocab_logits_usable` said yes."""
+    if not _load():
+        raise RuntimeError("the CPU kernels are unavailable here; check cpu_gemm.vocab_logits_usable() first")
+    call = jax.ffi.ffi_call(_VOCAB_TARGET, jax.ShapeDtypeStruct((w.shape[0], h.shape[0]), jnp.float32),
+                            vmap_method="sequential")
+    return call(w, h)

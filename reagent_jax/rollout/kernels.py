@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from reagent_jax.models import cpu_gemm
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.functional import forward_with_cache
 from reagent_jax.models.qwen3 import Qwen3
@@ -74,10 +75,13 @@ def sampling_logits(cfg: Qwen3Config, params, h: jax.Array, mesh: Optional[Mesh]
     """Final hidden states [B, E] -> fp32 logits, vocabulary-major [V, B], for `sample_vocab_major`.
 
     The values are the model's (`Qwen3.project`, fp32 accumulation); only the loop differs on
-    XLA:CPU. In fp32 there a fused multiply-reduce that writes [V, B] reads each weight row once
-    for all B rows: 11-13.5 ms vs 15-15.5 ms for the GEMM at [16, 256] x [256, 151936] with a tied
-    embedding, which packs the weight panel first (BENCHMARKS.md), and no slower than the GEMM
-    with an untied [E, V] head. bf16 is faster as a GEMM; its [B, V] output is transposed behind
+    XLA:CPU, where this product is memory-bound. fp32 with a tied embedding on an AVX-512 CPU:
+    `cpu_gemm.vocab_logits` streams the weight once (7.1-7.7 ms vs 11.4-11.8 at [16, 256] x
+    [256, 151936] on 2 cores, BENCHMARKS.md). Otherwise in fp32 a fused multiply-reduce that
+    writes [V, B] reads each weight row once for all B rows (11-13.5 ms vs 15-15.5 ms for the GEMM
+    with a tied embedding, which packs the weight panel first; no slower than the GEMM with an
+    untied [E, V] head), except for one row, where XLA:CPU's multiply-reduce takes ~0.5 s and its
+    matrix-vector product 5-9 ms. bf16 is faster as a GEMM; its [B, V] output is transposed behind
     an optimization barrier, since XLA:CPU would otherwise fold the transpose into the GEMM and
     transpose the whole weight every step (2x slower decode, measured untied)."""
     project = lambda: Qwen3(cfg, mesh, rules).apply({"params": params}, h, method=Qwen3.project)  # [B, V]
@@ -85,9 +89,15 @@ def sampling_logits(cfg: Qwen3Config, params, h: jax.Array, mesh: Optional[Mesh]
         return project().T
     if jnp.dtype(cfg.compute_dtype) == jnp.float32:
         h32 = h.astype(jnp.float32)
+        w = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]
+        if cfg.tie_word_embeddings and cpu_gemm.vocab_logits_usable(w, h32, mesh):
+            return cpu_gemm.vocab_logits(w, h32)
+        w = w.astype(jnp.float32)
+        if h.shape[0] == 1:
+            return jnp.einsum("ve,be->vb" if cfg.tie_word_embeddings else "ev,be->vb", w, h32)
         if cfg.tie_word_embeddings:
-            return (params["embed"].astype(jnp.float32)[:, None, :] * h32[None]).sum(-1)  # [V,1,E]*[1,B,E] -> [V, B]
-        return (params["lm_head"].astype(jnp.float32)[:, :, None] * h32.T[:, None, :]).sum(0)  # [E,V,1]*[E,1,B]
+            return (w[:, None, :] * h32[None]).sum(-1)  # [V,1,E]*[1,B,E] -> [V, B]
+        return (w[:, :, None] * h32.T[:, None, :]).sum(0)  # [E,V,1]*[E,1,B]
     return jax.lax.optimization_barrier(project()).T
 
 
