@@ -59,6 +59,29 @@ def test_state_from_other_settings_is_refused(source):
         other.set_state({"next_index": 3})
 
 
+def test_state_over_other_content_is_refused(tmp_path):
+    """Same number of rows, other content (an edited or regenerated file): resuming would silently
+    feed other batches, so it is refused; the unchanged file resumes, and a state saved without a
+    content entry (older runs) is still accepted."""
+    path = tmp_path / "rows.jsonl"
+    write = lambda tag: path.write_text("".join(json.dumps({"id": f"{tag}{i}"}) + "\n" for i in range(40)))
+    write("a")
+    it = make_loader(JsonlSource(str(path)), batch_size=4, seed=0)
+    take(it, 2)
+    state = it.get_state()
+    expected = take(it, 1)
+    same = make_loader(JsonlSource(str(path)), batch_size=4, seed=0)
+    same.set_state(state)
+    assert take(same, 1) == expected
+    write("b")
+    other = make_loader(JsonlSource(str(path)), batch_size=4, seed=0)
+    with pytest.raises(ValueError, match="content: saved"):
+        other.set_state(state)
+    legacy = {k: v for k, v in state.items() if k != "content"}
+    other.set_state(legacy)
+    assert take(other, 1) == [[i.replace("a", "b") for i in expected[0]]]
+
+
 def test_shuffle_is_deterministic_by_seed_and_reshuffles_each_epoch(source):
     first = take(make_loader(source, batch_size=25, seed=1), 10)
     assert first == take(make_loader(source, batch_size=25, seed=1), 10)

@@ -37,6 +37,7 @@ def test_verdict_inside_thinking_never_counts(text, status, score, critique):
 @pytest.mark.parametrize("raw,value", [
     ("5e-1", 0.5), ("1e-3", 0.001), ("2E-1", 0.2), ("\u22120.5", -0.5), ("\u22122/10", -0.2),
     ("1e400", None), ("0.5e", 0.5), ("8 out of 10", 0.8), ("0.8/1.0", 0.8), ("+0.3", 0.3),
+    ("0,8", 0.8), ("8,5/10", 0.85), ("85,5%", 0.855), ("0, 8", 0.0), ("0,", 0.0),
 ])
 def test_parse_number_exponent_and_unicode_minus(raw, value):
     got = rrm.parse_number(raw)
@@ -51,6 +52,8 @@ def test_parse_number_exponent_and_unicode_minus(raw, value):
     ("9" * 400, S.BAD_SCORE, 0.0),    # overflows to inf
     ("80%", S.OK, 0.8),
     ("\r\n 0.7 \r\n", S.OK, 0.7),
+    ("0,8", S.OK, 0.8),               # a decimal comma: was read as 0, the opposite verdict
+    ("7,5 out of 10", S.OK, 0.75),
 ])
 def test_score_forms(raw, status, score):
     j = rrm.parse_judgement(f"<think>a</think><critique>c</critique><score>{raw}</score>")

@@ -48,10 +48,12 @@ class BatchIterator(Iterator[list]):
         return {"grain": dict(self._it.get_state()), **self.fingerprint}
 
     def set_state(self, state: dict) -> None:
-        """Continues from `state`; refuses a state taken with different data or settings."""
+        """Continues from `state`; refuses a state taken with different data or settings. (A
+        state saved before the loader fingerprinted content has no "content" entry: not checked.)"""
         if not isinstance(state, dict) or "grain" not in state:
             raise ValueError(f"not a loader state (expected a dict from get_state()), got {state!r}")
-        diff = {k: (state.get(k), v) for k, v in self.fingerprint.items() if state.get(k) != v}
+        diff = {k: (state.get(k), v) for k, v in self.fingerprint.items()
+                if state.get(k) != v and (k != "content" or "content" in state)}
         if diff:
             shown = ", ".join(f"{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diff.items())
             raise ValueError(f"loader state does not match this loader ({shown}); resuming would "
@@ -112,5 +114,8 @@ def make_loader(source: Sequence[Any], *, batch_size: int, seed: int, shuffle: b
     ds = ds.batch(batch_size, drop_remainder=drop_remainder or num_epochs is None, batch_fn=list)
     fingerprint = dict(zip(_FINGERPRINT_KEYS, (n, batch_size, seed, shuffle, num_epochs,
                                                drop_remainder, index, count)))
+    content = getattr(source, "content_fingerprint", None)  # JsonlSource: a hash of the rows
+    if content is not None:
+        fingerprint["content"] = content
     read_options = read_options or grain.ReadOptions(num_threads=2, prefetch_buffer_size=64)
     return BatchIterator(ds, fingerprint, read_options, max(epoch_batches, 1))

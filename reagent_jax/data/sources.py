@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import collections
 import glob
+import hashlib
 import json
 import logging
 import os
@@ -154,7 +155,12 @@ class JsonlSource:
         self.on_error = on_error
         self.paths = expand_paths(paths)
         self.skipped: list[tuple[str, int, str]] = []  # (file, line or parquet row, reason)
+        self._digest = hashlib.blake2b(digest_size=16)  # the kept rows' bytes, file by file
         self._files = [self._index(p) for p in self.paths]
+        # A hash of the rows' content (not of the paths): a resumed loader refuses a state taken
+        # over other data of the same length (`make_loader`). A str, so the source still pickles.
+        self.content_fingerprint: str = self._digest.hexdigest()
+        del self._digest
         self._starts = np.cumsum([0] + [len(f) for f in self._files])
         if self._starts[-1] == 0:
             reasons = "; ".join(f"{f}:{n}: {r}" for f, n, r in self.skipped[:_SHOWN_REASONS])
@@ -214,6 +220,7 @@ class JsonlSource:
                 offsets.append(start)
                 lengths.append(len(raw))
                 lines.append(lineno)
+                self._digest.update(raw)
         return _JsonlFile(path, np.asarray(offsets, np.int64), np.asarray(lengths, np.int64),
                           np.asarray(lines, np.int64)), total
 
@@ -230,6 +237,7 @@ class JsonlSource:
                 try:
                     self._check(item)
                     rows.append(row)
+                    self._digest.update(json.dumps(item, sort_keys=True, default=str).encode())
                 except RowError as e:
                     self._reject(path, row, str(e), bad)
                 row += 1

@@ -155,15 +155,25 @@ inline __attribute__((always_inline)) void VocabRows(const float* w, int64_t k, 
   if (R > 1 && v < v1) VocabRows<NB, 1, KB>(w, k, ht, c, ldc, bg, v, v1);
 }
 
+#if defined(__x86_64__)
 __attribute__((target("avx512f,fma"))) void VocabRowsAvx512(const float* w, int64_t k, const float* ht, float* c,
                                                               int64_t ldc, int64_t bg, int64_t v0, int64_t v1) {
   if (bg <= 16) return VocabRows<1, 8, 16>(w, k, ht, c, ldc, bg, v0, v1);
   return VocabRows<2, 6, 8>(w, k, ht, c, ldc, bg, v0, v1);
 }
+#else  // other CPUs keep XLA's loop (reagent_vocab_logits_supported() says no)
+void VocabRowsAvx512(const float*, int64_t, const float*, float*, int64_t, int64_t, int64_t, int64_t) {}
+#endif
 
 }  // namespace
 
-extern "C" int reagent_vocab_logits_supported() { return __builtin_cpu_supports("avx512f") ? 1 : 0; }
+extern "C" int reagent_vocab_logits_supported() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx512f") ? 1 : 0;
+#else
+  return 0;
+#endif
+}
 
 static ffi::Error VocabLogits(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> h,
                               ffi::ResultBuffer<ffi::F32> c) {

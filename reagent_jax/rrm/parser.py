@@ -16,9 +16,11 @@ Rules (documented here because they decide rewards):
   * Several complete `<score>` blocks: the LAST one with a number wins (status multiple_scores);
     an unclosed trailing `<score>` counts as the last one.
   * Score forms: "0.8", ".8", "8/10", "8 out of 10", "80%"; the first number form in the block
-    counts. Out of [0, 1] -> clamped (status clamped). No number, or nan/inf -> `fallback_score`
-    (status bad_score). No score block at all -> `fallback_score` (status missing_score).
-    Numbers may carry an exponent ("5e-1") or a unicode minus.
+    counts. A comma between digits is a decimal comma ("0,8" = 0.8, "8,5/10" = 0.85; read as
+    "0" it would flip the verdict), so a thousands separator reads as a decimal ("1,000" = 1.0,
+    the same score after clamping). Out of [0, 1] -> clamped (status clamped). No number, or
+    nan/inf -> `fallback_score` (status bad_score). No score block at all -> `fallback_score`
+    (status missing_score). Numbers may carry an exponent ("5e-1") or a unicode minus.
   * An unclosed block (`<score>0.7` at the end of a cut-off reply) is read up to the next tag or
     the end (status unclosed_tag).
   * Parsing is linear in the reply's length (tags are paired in one pass, no backtracking regex).
@@ -114,17 +116,18 @@ def _scan(text: str) -> dict[str, _Blocks]:
     return out
 
 
-_NUM = r"[-+\u2212]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+\u2212]?\d+)?"
+_NUM = r"[-+\u2212]?(?:\d+(?:\.\d*|,\d+)?|\.\d+)(?:[eE][-+\u2212]?\d+)?"
 
 
 def _float(raw: str) -> float:
-    return float(raw.replace("\u2212", "-"))
+    return float(raw.replace("\u2212", "-").replace(",", "."))
 
 
 def parse_number(text: str) -> float | None:
     """First "a/b", "a out of b", "a%" or plain number in `text` as a float (None if there is none).
 
-    Plain numbers may use an exponent ("5e-1") and a unicode minus ("\u22120.5")."""
+    Plain numbers may use an exponent ("5e-1"), a unicode minus ("\u22120.5") and a decimal comma
+    ("0,8")."""
     m = re.search(rf"({_NUM})\s*(?:(/|out\s+of)\s*({_NUM})|(%))?", text, flags=re.IGNORECASE)
     if not m:
         return None
