@@ -47,9 +47,10 @@ _MODES = ("auto", "blas", "xla")
 # Fewer rows than this stay with XLA: at decode (one row per sequence, 16 here) XLA's small GEMMs
 # fused with their neighbours won (engine decode step 15-16 ms vs 17-19 ms through a BLAS).
 MIN_ROWS = 128
-# `vocab_logits` takes at most this many rows (beyond, no faster than XLA's loop: 40 vs 42 ms at
-# 64 rows, 80 vs 78 ms at 128 with the full Qwen3 vocabulary).
-VOCAB_LOGITS_MAX_ROWS = 64
+# `vocab_logits` takes at most this many rows: beyond, no faster than XLA's loop (64 rows: 40 vs
+# 42 ms with the full Qwen3 vocabulary, 2.25 vs 1.95 ms with an [8192, 256] weight in the cache;
+# 48 rows: 20-24 vs 24-28 ms).
+VOCAB_LOGITS_MAX_ROWS = 48
 
 
 def mode() -> str:
