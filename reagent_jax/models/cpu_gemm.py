@@ -16,7 +16,7 @@ decode steps) the callers keep the einsum. Gradients are the same GEMMs transpos
 `REAGENT_CPU_GEMM` picks: `auto` (default: OpenBLAS when the wheel and a C++ compiler are there,
 else XLA with one warning), `blas` (an error if it cannot be used), `xla` (never). The handler is
 compiled on first use into `$REAGENT_CACHE_DIR` (default `~/.cache/reagent_jax`), keyed by its
-source and the jax version.
+source, the compiler command and the jax version.
 
 `vocab_logits` (tied embedding [V, E] x a few hidden rows -> [V, B]) is memory-bound at decode;
 XLA:CPU's multiply-reduce reads the weight at about half the machine's bandwidth and its GEMM
