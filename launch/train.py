@@ -7,7 +7,7 @@ r"""Training entry point (absl flags + ml_collections config).
 The config's `pipeline` field picks the pipeline (default: the agent pipeline, stages sft,grpo).
 Multi-host: set REAGENT_COORDINATOR / REAGENT_NUM_PROCESSES / REAGENT_PROCESS_ID (or
 REAGENT_DISTRIBUTED=1 on Cloud TPU / SLURM) and run the same command on every host.
-The config is checked first (launch/config_checks.py): invalid fields stop the run before any work.
+The config is checked first (reagent_jax/trainers/config_checks.py): invalid fields stop the run before any work.
 """
 from __future__ import annotations
 
