@@ -9,10 +9,10 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -186,7 +186,7 @@ static ffi::Error VocabLogits(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w, ffi
   float* pc = c->typed_data();
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   for (int64_t g0 = 0; g0 < b; g0 += kGroupRows) {
-    const int64_t bg = std::min(kGroupRows, b - g0), bp = bg <= 16 ? 16 : 32;
+    const int64_t bg = std::min(kGroupRows, b - g0), bp = (bg + 15) / 16 * 16;  // NB = bp / 16 vectors per row
     std::vector<float> ht(k * bp, 0.0f);  // the group's H^T, [K, bp]
     for (int64_t i = 0; i < bg; ++i)
       for (int64_t j = 0; j < k; ++j) ht[j * bp + i] = ph[(g0 + i) * k + j];
