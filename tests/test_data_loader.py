@@ -82,6 +82,19 @@ def test_state_over_other_content_is_refused(tmp_path):
     assert take(other, 1) == [[i.replace("a", "b") for i in expected[0]]]
 
 
+def test_parquet_content_fingerprint_follows_the_rows(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    path = str(tmp_path / "rows.parquet")
+    write = lambda tag: pq.write_table(pa.Table.from_pylist([{"id": f"{tag}{i}"} for i in range(10)]), path)
+    write("a")
+    first = JsonlSource(path).content_fingerprint
+    write("a")
+    assert JsonlSource(path).content_fingerprint == first
+    write("b")
+    assert JsonlSource(path).content_fingerprint != first
+
+
 def test_shuffle_is_deterministic_by_seed_and_reshuffles_each_epoch(source):
     first = take(make_loader(source, batch_size=25, seed=1), 10)
     assert first == take(make_loader(source, batch_size=25, seed=1), 10)
