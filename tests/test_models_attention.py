@@ -55,8 +55,8 @@ def test_decode_step_values_match_numpy(dtype, atol):
     rng = np.random.default_rng(1)
     w = rng.random((b, nk, g, 1, s + 1)).astype(np.float32)
     w /= w.sum(-1, keepdims=True)
-    cv, v = rng.normal(size=(b, s, nk, d)), rng.normal(size=(b, 1, nk, d))
-    ref = np.einsum("bkgts,bskd->btkgd", w[..., :s], cv) + np.einsum("bkgtu,bukd->btkgd", w[..., s:], v)
+    cv, v = rng.normal(size=(b, nk, s, d)), rng.normal(size=(b, 1, nk, d))  # cache [b, k, s, d]
+    ref = np.einsum("bkgts,bksd->btkgd", w[..., :s], cv) + np.einsum("bkgtu,bukd->btkgd", w[..., s:], v)
     out = decode_step_values(jnp.asarray(w[..., :s]), jnp.asarray(cv, dtype), jnp.asarray(w[..., s:]),
                              jnp.asarray(v, dtype))
     assert out.shape == (b, 1, nk, g, d) and out.dtype == jnp.dtype(dtype)

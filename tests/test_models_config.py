@@ -59,7 +59,7 @@ def test_scaled_rope_matches_transformers(hf_qwen3, name):
     assert cfg.rope_scaling
     # the KV-cache path uses the same frequencies
     tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (1, 20))
-    shape = (cfg.num_layers, 1, 32, cfg.num_kv_heads, cfg.head_dim)
+    shape = (cfg.num_layers, 1, cfg.num_kv_heads, 32, cfg.head_dim)
     cache = (jnp.zeros(shape), jnp.zeros(shape))
     _, cache = models.forward_with_cache(cfg, params, tokens[:, :12], cache, jnp.array([0]))
     tail, _ = models.forward_with_cache(cfg, params, tokens[:, 12:], cache, jnp.array([12]))

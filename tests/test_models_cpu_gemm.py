@@ -133,8 +133,8 @@ def test_compile_failure_reports_the_compiler_output(monkeypatch, tmp_path):
     monkeypatch.setenv("REAGENT_CACHE_DIR", str(tmp_path))
     bad = tmp_path / "bad.cc"
     bad.write_text("this is not C++\n")
-    monkeypatch.setattr(cpu_gemm, "_SOURCE", bad)
-    with pytest.raises(RuntimeError, match="compiling bad.cc failed"):
+    monkeypatch.setattr(cpu_gemm, "_SOURCES", (cpu_gemm._SOURCES[0], bad))
+    with pytest.raises(RuntimeError, match="compiling the CPU kernels failed.*bad.cc"):
         cpu_gemm._compile()
     assert not list(tmp_path.glob("*.so"))  # nothing half-written is left to be loaded later
 
@@ -204,12 +204,37 @@ needs_vocab_kernel = pytest.mark.skipif(not _VOCAB_KERNEL, reason="vocab_logits 
 @pytest.mark.parametrize("b", [1, 5, 16, 17, 32, 33, 64])
 def test_vocab_logits_matches_numpy(v, k, b):
     """Every register tile (one or two vectors of rows), row groups of 32, and the tails: vocab
-    rows not a multiple of the tile, hidden sizes not a multiple of the unrolled block."""
+    rows not a multiple of the tile or of the chunk, hidden sizes not a multiple of the unrolled
+    block. The chunk statistics equal the sampler's own (`chunk_stats`) on the kernel's logits,
+    at each row's temperature (greedy rows at 1, and a tiny temperature)."""
+    from reagent_jax.rollout.sampling import CHUNK, chunk_stats, inverse_temperature
     rng = np.random.default_rng(v + k + b)
     w, h = _rand(rng, v, k), _rand(rng, b, k)
-    out = np.asarray(jax.jit(cpu_gemm.vocab_logits)(w, h))
-    assert out.shape == (v, b)
+    temperature = jnp.asarray(rng.choice([0.0, 0.3, 1.0, 2.5, 1e-6], b), jnp.float32)
+    inv_t = inverse_temperature(temperature)
+    out, cmax, csum = jax.jit(cpu_gemm.vocab_logits, static_argnums=3)(w, h, inv_t, CHUNK)
+    assert out.shape == (v, b) and cmax.shape == csum.shape == (-(-v // CHUNK), b)
     np.testing.assert_allclose(out, w.astype(np.float64) @ h.T.astype(np.float64), rtol=1e-5, atol=1e-4)
+    ref_max, ref_sum = chunk_stats(out, inv_t)
+    np.testing.assert_array_equal(cmax, ref_max)
+    np.testing.assert_allclose(csum, ref_sum, rtol=2e-6)
+    assert np.all(np.asarray(csum) >= 1.0)  # each chunk's maximum contributes exp(0) = 1 exactly
+
+
+@needs_vocab_kernel
+@pytest.mark.parametrize("chunk", [1, 8, 100, 600])
+def test_vocab_logits_statistics_for_any_chunk(chunk):
+    from reagent_jax.rollout.sampling import inverse_temperature
+    rng = np.random.default_rng(chunk)
+    w, h = _rand(rng, 517, 24), _rand(rng, 3, 24)
+    inv_t = inverse_temperature(jnp.asarray([1.0, 0.5, 0.0]))
+    out, cmax, csum = jax.jit(cpu_gemm.vocab_logits, static_argnums=3)(w, h, inv_t, chunk)
+    c = -(-517 // chunk)
+    pad = np.full((c * chunk, 3), -np.inf)
+    pad[:517] = np.asarray(out, np.float64)
+    p3 = pad.reshape(c, chunk, 3)
+    np.testing.assert_array_equal(cmax, p3.max(1))
+    np.testing.assert_allclose(csum, np.exp((p3 - p3.max(1)[:, None]) * np.asarray(inv_t, np.float64)).sum(1), rtol=2e-6)
 
 
 @needs_vocab_kernel
@@ -239,7 +264,7 @@ def test_sampling_logits_paths_agree(monkeypatch, tied, rows):
     cfg = models.preset("tiny", compute_dtype="float32", tie_word_embeddings=tied)
     params = models.init_params(cfg, jax.random.PRNGKey(1))
     h = jnp.asarray(_rand(np.random.default_rng(rows), rows, cfg.hidden_size))
-    fn = lambda: jax.jit(lambda p, h: kernels.sampling_logits(cfg, p, h))
+    fn = lambda: jax.jit(lambda p, h: kernels.sampling_logits(cfg, p, h)[0])
     ours = fn()(params, h)
     hlo = fn().lower(params, h).as_text()
     assert ("reagent_vocab_logits" in hlo) == (tied and _VOCAB_KERNEL)
@@ -249,3 +274,10 @@ def test_sampling_logits_paths_agree(monkeypatch, tied, rows):
     np.testing.assert_allclose(ours, ref, atol=1e-5, rtol=1e-5)
     xla = _xla_path(lambda: fn()(params, h), monkeypatch)
     np.testing.assert_allclose(ours, xla, atol=1e-5, rtol=1e-5)
+    # the kernel also hands the sampler its chunk statistics (at temperature 1 by default)
+    from reagent_jax.rollout.sampling import chunk_stats
+    _, stats = jax.jit(lambda p, h: kernels.sampling_logits(cfg, p, h))(params, h)
+    assert (stats is not None) == ("reagent_vocab_logits" in hlo)
+    if stats is not None:
+        for got, want in zip(stats, chunk_stats(ours, jnp.ones(rows))):
+            np.testing.assert_allclose(got, want, rtol=2e-6)

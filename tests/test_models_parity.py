@@ -105,7 +105,7 @@ def test_cached_forward_equals_full_forward(hf_qwen3):
     rng = np.random.default_rng(5)
     tokens = rng.integers(0, cfg.vocab_size, (2, 12))
     full = np.asarray(models.forward(cfg, params, tokens))
-    shape = (cfg.num_layers, 2, 32, cfg.num_kv_heads, cfg.head_dim)
+    shape = (cfg.num_layers, 2, cfg.num_kv_heads, 32, cfg.head_dim)
     cache = (jnp.zeros(shape), jnp.zeros(shape))
     l1, cache = models.forward_with_cache(cfg, params, tokens[:, :7], cache, jnp.array([0, 0]))
     l2, cache = models.forward_with_cache(cfg, params, tokens[:, 7:], cache, jnp.array([7, 7]))
@@ -123,7 +123,7 @@ def test_cached_forward_on_selected_slots(hf_qwen3):
     cfg, params = models.load_hf_checkpoint(path)
     tokens = np.random.default_rng(6).integers(0, cfg.vocab_size, (1, 6))
     full = np.asarray(models.forward(cfg, params, tokens))
-    shape = (cfg.num_layers, 3, 16, cfg.num_kv_heads, cfg.head_dim)
+    shape = (cfg.num_layers, 3, cfg.num_kv_heads, 16, cfg.head_dim)
     cache = (jnp.zeros(shape), jnp.zeros(shape))
     batch = np.concatenate([tokens, tokens])  # row 0 -> slot 2, row 1 is padding
     logits, cache = models.forward_with_cache(cfg, params, batch, cache, jnp.array([0, 16]), jnp.array([2, 0]))

@@ -39,7 +39,7 @@ print(json.dumps({"tokens": [[o.tokens for o in out] for out in outs],
         for a, b in zip(res["logprobs"][i], outs):
             np.testing.assert_allclose(a, b.logprobs, atol=1e-4)
     # slots over fsdp, kv heads over tensor, on all 8 devices; few compiled shapes
-    assert res["cache_spec"] == [None, "fsdp", None, "tensor", None]
+    assert res["cache_spec"] == [None, "fsdp", "tensor", None, None]  # [L, N, K, S, D]
     assert res["cache_devices"] == 8
     # prefill and decode at attention windows 32 and 96, each compiled once without (greedy run)
     # and once with (top-p run) the truncation code

@@ -173,6 +173,54 @@ def test_sampling_logits_equal_the_models_projection(tied, dtype):
     params = models.init_params(cfg, jax.random.PRNGKey(1))
     h = jax.random.normal(jax.random.PRNGKey(2), (5, cfg.hidden_size))
     ref = Qwen3(cfg).apply({"params": params}, h, method=Qwen3.project)
-    out = jax.jit(sampling_logits, static_argnums=0)(cfg, params, h)
+    out, _ = jax.jit(sampling_logits, static_argnums=0)(cfg, params, h)
     assert out.shape == (cfg.vocab_size, 5) and out.dtype == jnp.float32
     np.testing.assert_allclose(out.T, ref, atol=1e-5 if dtype == "float32" else 2e-2)
+
+
+@pytest.mark.parametrize("v", [1000, 128, 50])
+def test_chunk_stats_match_numpy(v):
+    """Chunk maxima and exp-sums at each row's temperature, a partial last chunk included; a chunk
+    of -inf logits sums to 0 (not nan)."""
+    rng = np.random.default_rng(v)
+    logits = rng.normal(size=(v, 4)).astype(np.float32) * 3
+    logits[:min(v, 128), 3] = -np.inf
+    logits[-1, 3] = 0.5  # the last chunk of row 3 holds one finite value
+    temperature = jnp.asarray([0.0, 0.7, 1.3, 1.0])
+    inv_t = rollout.sampling.inverse_temperature(temperature)
+    np.testing.assert_allclose(inv_t, [1.0, 1 / 0.7, 1 / 1.3, 1.0], rtol=1e-7)
+    cmax, csum = jax.jit(rollout.sampling.chunk_stats)(jnp.asarray(logits), inv_t)
+    c = -(-v // 128)
+    pad = np.full((c * 128, 4), -np.inf)
+    pad[:v] = logits
+    p3 = pad.reshape(c, 128, 4)
+    ref_max = p3.max(1)
+    shift = np.where(np.isfinite(ref_max), ref_max, 0.0)
+    with np.errstate(invalid="ignore"):
+        ref_sum = np.exp((p3 - shift[:, None]) * np.asarray(inv_t, np.float64)).sum(1)
+    np.testing.assert_array_equal(cmax, ref_max)
+    np.testing.assert_allclose(csum, ref_sum, rtol=1e-5)
+    assert np.all(np.isfinite(np.asarray(csum)))
+
+
+def test_sampler_with_given_statistics_equals_the_sampler_alone():
+    """Handing `sample_vocab_major` the statistics (as the CPU decode kernel does) changes
+    nothing: same tokens for greedy, temperature and top-p / top-k rows, same logprobs."""
+    rng = np.random.default_rng(3)
+    v, b = 1003, 6
+    logits = jnp.asarray(rng.normal(size=(v, b)).astype(np.float32) * 4)
+    temperature = jnp.asarray([0.0, 1.0, 0.6, 1.5, 0.8, 1e-30], jnp.float32)
+    top_p = jnp.asarray([1.0, 1.0, 0.9, 1.0, 0.5, 1.0], jnp.float32)
+    top_k = jnp.asarray([0, 0, 0, 20, 5, 0], jnp.int32)
+    seeds, positions = jnp.arange(b, dtype=jnp.uint32), jnp.full(b, 7, jnp.int32)
+    sample = jax.jit(rollout.sampling.sample_vocab_major)
+    stats = rollout.sampling.chunk_stats(logits, rollout.sampling.inverse_temperature(temperature))
+    for seed in range(5):
+        args = (logits, temperature, top_p, top_k, seeds + 100 * seed, positions)
+        alone, given = sample(*args), sample(*args, stats=stats)
+        np.testing.assert_array_equal(alone[0], given[0])
+        np.testing.assert_allclose(alone[1], given[1], atol=1e-6)
+    greedy = np.asarray(alone[0])[[0, 5]]
+    np.testing.assert_array_equal(greedy, np.argmax(np.asarray(logits), axis=0)[[0, 5]])
+    ref = jax.nn.log_softmax(logits[:, 1])[alone[0][1]]
+    np.testing.assert_allclose(alone[1][1], ref, atol=1e-5)

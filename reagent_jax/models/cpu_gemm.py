@@ -14,14 +14,16 @@ operands, no device mesh, at least `MIN_ROWS` rows. Everywhere else (GPU/TPU, bf
 decode steps) the callers keep the einsum. Gradients are the same GEMMs transposed (custom VJP).
 
 `REAGENT_CPU_GEMM` picks: `auto` (default: OpenBLAS when the wheel and a C++ compiler are there,
-else XLA with one warning), `blas` (an error if it cannot be used), `xla` (never). The handler is
-compiled on first use into `$REAGENT_CACHE_DIR` (default `~/.cache/reagent_jax`), keyed by its
-source, the compiler command and the jax version.
+else XLA with one warning), `blas` (an error if it cannot be used), `xla` (never, nor the other
+CPU kernels). The handlers (`cpu_gemm.cc`, `cpu_decode.cc`, sharing `cpu_kernels.h`) are compiled
+on first use into one library in `$REAGENT_CACHE_DIR` (default `~/.cache/reagent_jax`), keyed by
+the sources, the compiler command and the jax version.
 
 `vocab_logits` (tied embedding [V, E] x a few hidden rows -> [V, B]) is memory-bound at decode;
 XLA:CPU's multiply-reduce reads the weight at about half the machine's bandwidth and its GEMM
-packs the weight first, so an AVX-512 kernel in the same file streams it once (the engine's decode
-step, BENCHMARKS.md). CPUs without AVX-512 keep XLA's loop.
+packs the weight first, so an AVX-512 kernel in the same file streams it once and hands the
+sampler its per-chunk statistics (the engine's decode step, BENCHMARKS.md). CPUs without AVX-512
+keep XLA's loop. The decode step's layers have their own kernel (`models.cpu_decode`).
 """
 from __future__ import annotations
 
@@ -42,7 +44,10 @@ log = logging.getLogger(__name__)
 
 _TARGET = "reagent_sgemm"
 _VOCAB_TARGET = "reagent_vocab_logits"
-_SOURCE = pathlib.Path(__file__).with_name("cpu_gemm.cc")
+_HERE = pathlib.Path(__file__).parent
+_SOURCES = (_HERE / "cpu_gemm.cc", _HERE / "cpu_decode.cc")  # one library; both include cpu_kernels.h
+_HEADER = _HERE / "cpu_kernels.h"
+_DECODE_TARGET = "reagent_decode_layers"
 _MODES = ("auto", "blas", "xla")
 # Fewer rows than this stay with XLA: at decode (one row per sequence, 16 here) XLA's small GEMMs
 # fused with their neighbours won (engine decode step 15-16 ms vs 17-19 ms through a BLAS).
@@ -81,20 +86,21 @@ def _compile() -> pathlib.Path:
     concurrent builds safe. -O3: the vocab kernel needs its register tiles fully unrolled."""
     cxx = os.environ.get("CXX", "c++")
     flags = ["-O3", "-shared", "-fPIC", "-std=c++17", "-w", f"-I{jax.ffi.include_dir()}"]
-    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join([cxx, *flags, jax.__version__]).encode()).hexdigest()[:16]
+    code = b"".join(f.read_bytes() for f in (*_SOURCES, _HEADER))
+    key = hashlib.sha256(code + " ".join([cxx, *flags, jax.__version__]).encode()).hexdigest()[:16]
     out = _cache_dir() / f"cpu_gemm-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_so = pathlib.Path(tmp, out.name)
-        cmd = [cxx, *flags, str(_SOURCE), "-o", str(tmp_so)]
+        cmd = [cxx, *flags, *map(str, _SOURCES), "-o", str(tmp_so)]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise RuntimeError(f"cannot run the C++ compiler {cxx!r} ({e})") from None
         if res.returncode != 0:
-            raise RuntimeError(f"compiling {_SOURCE.name} failed ({' '.join(cmd)}):\n{res.stderr[-2000:]}")
+            raise RuntimeError(f"compiling the CPU kernels failed ({' '.join(cmd)}):\n{res.stderr[-2000:]}")
         os.replace(tmp_so, out)
     return out
 
@@ -109,6 +115,7 @@ def _library() -> ctypes.CDLL | None:
         so.reagent_set_sgemm(ctypes.cast(blas.scipy_cblas_sgemm64_, ctypes.c_void_p))
         jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(so.ReagentSgemm), platform="cpu")
         jax.ffi.register_ffi_target(_VOCAB_TARGET, jax.ffi.pycapsule(so.ReagentVocabLogits), platform="cpu")
+        jax.ffi.register_ffi_target(_DECODE_TARGET, jax.ffi.pycapsule(so.ReagentDecodeLayers), platform="cpu")
         return so
     except (OSError, RuntimeError, AttributeError) as e:
         if mode() == "blas":
@@ -205,12 +212,18 @@ def vocab_logits_usable(w: jax.Array, h: jax.Array, mesh=None) -> bool:
     return so is not None and bool(so.reagent_vocab_logits_supported())
 
 
-def vocab_logits(w: jax.Array, h: jax.Array) -> jax.Array:
-    """w [V, E] . h [B, E]^T -> [V, B] fp32 (vocabulary-major, as the sampler reads it), one pass
-    over w per 32 rows of h. Not differentiable (sampling only). Call only where
-    `vocab_logits_usable` said yes."""
+def vocab_logits(w: jax.Array, h: jax.Array, inv_temperature: jax.Array, chunk: int
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """w [V, E] . h [B, E]^T -> (logits [V, B] fp32, vocabulary-major as the sampler reads them;
+    chunk maxima [C, B]; chunk exp-sums [C, B]) with C = ceil(V / chunk):
+    maxima[c, b] = max of logits[c * chunk : (c + 1) * chunk, b] and exp-sums[c, b] = sum over
+    the same rows of exp((logits - maxima[c, b]) * inv_temperature[b]) (`sampling.chunk_stats`,
+    folded in as each tile of logits is computed). One pass over w per 32 rows of h. Not
+    differentiable (sampling only). Call only where `vocab_logits_usable` said yes."""
     if not _load():
         raise RuntimeError("the CPU kernels are unavailable here; check cpu_gemm.vocab_logits_usable() first")
-    call = jax.ffi.ffi_call(_VOCAB_TARGET, jax.ShapeDtypeStruct((w.shape[0], h.shape[0]), jnp.float32),
-                            vmap_method="sequential")
-    return call(w, h)
+    v, b = w.shape[0], h.shape[0]
+    c = -(-v // chunk)
+    out = (jax.ShapeDtypeStruct((v, b), jnp.float32),) + (jax.ShapeDtypeStruct((c, b), jnp.float32),) * 2
+    call = jax.ffi.ffi_call(_VOCAB_TARGET, out, vmap_method="sequential")
+    return tuple(call(w, h, inv_temperature.astype(jnp.float32), chunk=chunk))

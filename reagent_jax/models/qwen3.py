@@ -5,7 +5,7 @@ untied embeddings, separate param/compute dtypes, `nn.scan` over layers (unrolle
 `scan_layers=False`, so the param layout is the same), remat policies, logical axis names on every
 parameter (via `nn.with_logical_partitioning`) and activation (via `parallel.constrain`).
 
-One code path serves training and sampling: with `cache=(k, v)` (each [L, B, S, K, D]) the new
+One code path serves training and sampling: with `cache=(k, v)` (each [L, B, K, S, D]) the new
 tokens' keys/values are scattered into the cache at `cache_index[b] + t` and attention runs over
 the whole cache, causally by absolute position. Rows of a batch may hold different lengths.
 
@@ -70,16 +70,24 @@ def rope(x: jax.Array, positions: jax.Array, theta: float, inv_freq=None, scale:
     inv_freq [d/2] and scale (YaRN's factor on cos/sin) come from `Qwen3Config.rope_frequencies`
     for scaled RoPE types; None means plain RoPE with base `theta`."""
     d = x.shape[-1]
-    if inv_freq is None:
-        inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))  # [d/2]
-    ang = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)  # [b, t, d/2]
-    cos, sin = jnp.cos(ang)[:, :, None, :], jnp.sin(ang)[:, :, None, :]
-    if scale != 1.0:
-        cos, sin = cos * scale, sin * scale
+    cos, sin = rope_tables(positions, d, theta, inv_freq, scale)  # [b, t, d/2]
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     x32 = x.astype(jnp.float32)
     x1, x2 = x32[..., : d // 2], x32[..., d // 2:]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
+
+
+def rope_tables(positions: jax.Array, d: int, theta: float, inv_freq=None, scale: float = 1.0
+                ) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [..., d/2] of `rope` at positions [...] (YaRN's factor applied)."""
+    if inv_freq is None:
+        inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))  # [d/2]
+    ang = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+    cos, sin = jnp.cos(ang), jnp.sin(ang)
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    return cos, sin
 
 
 def attention_mask(q_index: jax.Array, key_valid: jax.Array) -> jax.Array:
@@ -130,17 +138,15 @@ def causal_attention(qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
 
 def decode_step_values(p_old: jax.Array, cv: jax.Array, p_new: jax.Array, v: jax.Array) -> jax.Array:
     """Attention output of one new token per row: weights p_old [b,k,g,1,s] over the cached
-    values cv [b,s,k,d] plus p_new [b,k,g,1,1] over the token's own value v [b,1,k,d] ->
+    values cv [b,k,s,d] plus p_new [b,k,g,1,1] over the token's own value v [b,1,k,d] ->
     [b,1,k,g,d] in v's dtype (fp32 accumulation).
 
     Why not the einsums of the multi-token path: with one query these are [g, s] x [s, d]
-    mat-vecs, and XLA:CPU feeds its GEMM a [b,k,d,s] copy of the cache window, a strided
-    transpose per layer that cost as much as the rest of the layer. As a multiply-reduce over
-    s the cache is read once where it lies (decode step at bench-256 with a 4k vocabulary:
-    4.4 -> 3.9 ms)."""
+    mat-vecs; as a multiply-reduce over s the cache is read once where it lies (decode step at
+    bench-256 with a 4k vocabulary: 4.4 -> 3.9 ms, measured when the cache was [b,s,k,d] and the
+    GEMM needed a transposed copy of it)."""
     f32 = jnp.float32
-    w_old = p_old[:, :, :, 0].transpose(0, 3, 1, 2)[..., None].astype(f32)  # [b,s,k,g,1]
-    out = (w_old * cv[:, :, :, None].astype(f32)).sum(1)  # [b,k,g,d]
+    out = (p_old[:, :, :, 0, :, None].astype(f32) * cv[:, :, None].astype(f32)).sum(3)  # [b,k,g,s,1]*[b,k,1,s,d]
     out = out + p_new[:, :, :, 0, 0, None].astype(f32) * v[:, 0, :, None].astype(f32)
     return out[:, None].astype(v.dtype)
 
@@ -152,7 +158,7 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x, positions, mask, layer_cache=None, write_index=None, slot_ids=None):
-        """x [b,t,e]; positions [b,t]; layer_cache (k, v) [n,S,k,d] or None.
+        """x [b,t,e]; positions [b,t]; layer_cache (k, v) [n,k,S,d] or None.
 
         Without a cache, mask [b,t,s] says which of this call's tokens each query sees. With a
         cache, row b of x belongs to cache row slot_ids[b] (default b) and sees its cached
@@ -186,12 +192,12 @@ class Attention(nn.Module):
             # Two-part softmax over (cached positions < write_index) and (new tokens, causal): the
             # cache is only read here; the new K/V are returned and scattered once after the layer
             # loop, so a decode step never copies the cache.
-            ck, cv = layer_cache  # [n, S, k, d]
+            ck, cv = layer_cache  # [n, k, S, d]
             if slot_ids is not None:
-                ck, cv = ck[slot_ids], cv[slot_ids]  # [b, S, k, d]
+                ck, cv = ck[slot_ids], cv[slot_ids]  # [b, k, S, d]
             ck, cv = ck.astype(dt), cv.astype(dt)
-            old_valid = jnp.arange(ck.shape[1])[None, :] < write_index[:, None]  # [b, S]
-            s_old = jnp.einsum("btkgd,bskd->bkgts", qg, ck, preferred_element_type=jnp.float32) * scale
+            old_valid = jnp.arange(ck.shape[2])[None, :] < write_index[:, None]  # [b, S]
+            s_old = jnp.einsum("btkgd,bksd->bkgts", qg, ck, preferred_element_type=jnp.float32) * scale
             s_old = jnp.where(old_valid[:, None, None, None, :], s_old, _NEG)
             s_new = jnp.einsum("btkgd,bukd->bkgtu", qg, k, preferred_element_type=jnp.float32) * scale
             s_new = jnp.where(mask[:, None, None], s_new, _NEG)
@@ -201,7 +207,7 @@ class Attention(nn.Module):
             if t == 1 and jax.default_backend() == "cpu":  # accelerators keep the einsums (measured on CPU only)
                 out = decode_step_values(e_old / z, cv, e_new / z, v)
             else:
-                out = (_mm("bkgts,bskd->btkgd", (e_old / z).astype(dt), cv)
+                out = (_mm("bkgts,bksd->btkgd", (e_old / z).astype(dt), cv)
                        + _mm("bkgtu,bukd->btkgd", (e_new / z).astype(dt), v))
         out = out.reshape(b, t, c.num_heads, c.head_dim)
         out = constrain(out, ("batch", "act_len", "act_heads", None), self.mesh, self.rules)
@@ -237,7 +243,7 @@ class DecoderLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x, layer_cache, positions, mask, write_index, slot_ids):
-        """x [b,t,e] (the scan carry); layer_cache: this layer's (k, v) [n,S,k,d] (scanned) or None.
+        """x [b,t,e] (the scan carry); layer_cache: this layer's (k, v) [n,k,S,d] (scanned) or None.
         Returns (x, new (k, v) of this call's tokens or None)."""
         c = self.cfg
         h = RMSNorm(c.hidden_size, c.rms_norm_eps, c.jnp_param_dtype, name="input_norm")(x)
@@ -289,13 +295,19 @@ class Qwen3(nn.Module):
         if cache is not None:  # one in-place scatter of every layer's new K/V (the cache is donated)
             rows = jnp.arange(tokens.shape[0]) if slot_ids is None else slot_ids
             t_idx = write_index[:, None] + jnp.arange(tokens.shape[1])[None, :]  # [b, t]; OOB writes drop
-            cache = tuple(cc.at[:, rows[:, None], t_idx].set(nk.astype(cc.dtype), mode="drop")
+            # cache[:, rows[b], :, t_idx[b, t]] is [b, t, l, k, d] (NumPy rules for split indices)
+            cache = tuple(cc.at[:, rows[:, None], :, t_idx].set(nk.transpose(1, 2, 0, 3, 4).astype(cc.dtype), mode="drop")
                           for cc, nk in zip(cache, new_kv))
         h = self.final_norm(x)
         if return_hidden:
             return h, cache
         logits = constrain(self.project(h), ("batch", "act_len", "act_vocab"), self.mesh, self.rules)
         return logits, cache
+
+    def final_hidden(self, h):
+        """The final norm alone: the hidden state the projection reads (for callers that run the
+        layers themselves, e.g. `cpu_decode`)."""
+        return self.final_norm(h)
 
     def project(self, h):
         """Hidden [.., e] -> fp32 logits [.., v] (also used by chunked logprobs and the sampler).

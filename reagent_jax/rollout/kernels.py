@@ -1,10 +1,16 @@
 """Device kernels of the rollout engine: KV cache allocation, batched chunked prefill, and a
 multi-step decode loop with the sampler fused in.
 
-The cache is one preallocated pair (k, v), each [L, N, S, K, D] (layers, slots, max_len,
-kv heads, head dim), sharded by the logical axes CACHE_AXES (slots over data/fsdp, heads over
-tensor) and DONATED to every kernel, so it is updated in place. Only small per-row arrays cross
-the host boundary: token ids, lengths and flags in; sampled ids and logprobs out.
+The cache is one preallocated pair (k, v), each [L, N, K, S, D] (layers, slots, kv heads,
+max_len, head dim: a slot's head is one contiguous [S, D] block, as attention reads it; [L, N,
+S, K, D] cost a transposed copy of the window per layer and decode step), sharded by the logical
+axes CACHE_AXES (slots over data/fsdp, heads over tensor) and DONATED to every kernel, so it is
+updated in place. Only small per-row arrays cross the host boundary: token ids, lengths and flags
+in; sampled ids and logprobs out.
+
+On an AVX-512 CPU in fp32 (unsharded), a decode step is two custom calls: every layer in one
+(`models.cpu_decode`) and the output projection with the sampler's statistics in the other
+(`cpu_gemm.vocab_logits`); elsewhere the same step is the model's own layers and einsums.
 
 Attention windows: a kernel only reads the first `window` cache positions (a static bucket
 >= every position the call touches), so attention cost and prefill score memory follow the
@@ -22,14 +28,14 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from reagent_jax.models import cpu_gemm
+from reagent_jax.models import cpu_decode, cpu_gemm
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.functional import forward_with_cache
 from reagent_jax.models.qwen3 import Qwen3
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain
-from reagent_jax.rollout.sampling import sample_vocab_major
+from reagent_jax.rollout.sampling import CHUNK, inverse_temperature, sample_vocab_major
 
-CACHE_AXES = ("layers", "cache_batch", "cache_len", "kv_heads", "head_dim")
+CACHE_AXES = ("layers", "cache_batch", "kv_heads", "cache_len", "head_dim")
 
 
 def geometric_buckets(lo: int, hi: int, factor: int = 2) -> tuple[int, ...]:
@@ -52,12 +58,12 @@ def bucket(n: int, buckets: Sequence[int]) -> int:
 
 
 def cache_shape(cfg: Qwen3Config, num_slots: int, max_len: int) -> tuple[int, ...]:
-    return (cfg.num_layers, num_slots, max_len, cfg.num_kv_heads, cfg.head_dim)
+    return (cfg.num_layers, num_slots, cfg.num_kv_heads, max_len, cfg.head_dim)
 
 
 def init_cache(cfg: Qwen3Config, num_slots: int, max_len: int, mesh: Optional[Mesh] = None,
                rules: Rules = DEFAULT_RULES, dtype=None):
-    """Zeroed (k, v) cache, each [L, N, S, K, D] in `dtype` (default: the compute dtype)."""
+    """Zeroed (k, v) cache, each [L, N, K, S, D] in `dtype` (default: the compute dtype)."""
     shape = cache_shape(cfg, num_slots, max_len)
     dtype = jnp.dtype(dtype or cfg.compute_dtype)
     # Placed by the same sharding constraint the kernels end with, so the first kernel call sees
@@ -71,34 +77,40 @@ def _pin_cache(cache, mesh, rules):
 
 
 def sampling_logits(cfg: Qwen3Config, params, h: jax.Array, mesh: Optional[Mesh] = None,
-                    rules: Rules = DEFAULT_RULES) -> jax.Array:
-    """Final hidden states [B, E] -> fp32 logits, vocabulary-major [V, B], for `sample_vocab_major`.
+                    rules: Rules = DEFAULT_RULES, inv_temperature: Optional[jax.Array] = None
+                    ) -> tuple[jax.Array, Optional[tuple[jax.Array, jax.Array]]]:
+    """Final hidden states [B, E] -> (fp32 logits, vocabulary-major [V, B], for
+    `sample_vocab_major`; its `stats` or None).
 
     The values are the model's (`Qwen3.project`, fp32 accumulation); only the loop differs on
     XLA:CPU, where this product is memory-bound. fp32 with a tied embedding on an AVX-512 CPU:
     `cpu_gemm.vocab_logits` streams the weight once (7.1-7.7 ms vs 11.4-11.8 at [16, 256] x
-    [256, 151936] on 2 cores, BENCHMARKS.md). Otherwise in fp32 a fused multiply-reduce that
-    writes [V, B] reads each weight row once for all B rows (11-13.5 ms vs 15-15.5 ms for the GEMM
-    with a tied embedding, which packs the weight panel first; no slower than the GEMM with an
-    untied [E, V] head), except for one row, where XLA:CPU's multiply-reduce takes ~0.5 s and its
+    [256, 151936] on 2 cores, BENCHMARKS.md) and also returns the sampler's chunk statistics
+    for `inv_temperature` [B] (`sampling.inverse_temperature`; default 1), so the sampler never
+    reads the logits whole. Otherwise in fp32 a fused multiply-reduce that writes [V, B] reads
+    each weight row once for all B rows (11-13.5 ms vs 15-15.5 ms for the GEMM with a tied
+    embedding, which packs the weight panel first; no slower than the GEMM with an untied [E, V]
+    head), except for one row, where XLA:CPU's multiply-reduce takes ~0.5 s and its
     matrix-vector product 5-9 ms. bf16 is faster as a GEMM; its [B, V] output is transposed behind
     an optimization barrier, since XLA:CPU would otherwise fold the transpose into the GEMM and
     transpose the whole weight every step (2x slower decode, measured untied)."""
     project = lambda: Qwen3(cfg, mesh, rules).apply({"params": params}, h, method=Qwen3.project)  # [B, V]
     if jax.default_backend() != "cpu":
-        return project().T
+        return project().T, None
     if jnp.dtype(cfg.compute_dtype) == jnp.float32:
         h32 = h.astype(jnp.float32)
         w = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]
         if cfg.tie_word_embeddings and cpu_gemm.vocab_logits_usable(w, h32, mesh):
-            return cpu_gemm.vocab_logits(w, h32)
+            inv_t = jnp.ones(h.shape[0], jnp.float32) if inv_temperature is None else inv_temperature
+            logits, cmax, csum = cpu_gemm.vocab_logits(w, h32, inv_t, CHUNK)
+            return logits, (cmax, csum)
         w = w.astype(jnp.float32)
         if h.shape[0] == 1:
-            return jnp.einsum("ve,be->vb" if cfg.tie_word_embeddings else "ev,be->vb", w, h32)
+            return jnp.einsum("ve,be->vb" if cfg.tie_word_embeddings else "ev,be->vb", w, h32), None
         if cfg.tie_word_embeddings:
-            return (w[:, None, :] * h32[None]).sum(-1)  # [V,1,E]*[1,B,E] -> [V, B]
-        return (w[:, :, None] * h32.T[:, None, :]).sum(0)  # [E,V,1]*[E,1,B]
-    return jax.lax.optimization_barrier(project()).T
+            return (w[:, None, :] * h32[None]).sum(-1), None  # [V,1,E]*[1,B,E] -> [V, B]
+        return (w[:, :, None] * h32.T[:, None, :]).sum(0), None  # [E,V,1]*[E,1,B]
+    return jax.lax.optimization_barrier(project()).T, None
 
 
 class Sampling(NamedTuple):
@@ -124,16 +136,27 @@ def prefill(cfg: Qwen3Config, params, cache, tokens: jax.Array, write_index: jax
     projected for the last position only: [B, V], never [B, T, V]. truncation=False: no row
     uses top-k / top-p (see `sampling.sample`).
     """
-    rows = tuple(c.at[:, slot_ids, :window].get(mode="fill", fill_value=0) for c in cache)  # [L, B, W, K, D]
+    rows = tuple(c.at[:, slot_ids, :, :window].get(mode="fill", fill_value=0) for c in cache)  # [L, B, K, W, D]
     h, rows = forward_with_cache(cfg, params, tokens, rows, write_index, mesh=mesh, rules=rules,
                                  return_hidden=True)  # h [B, T, E]
-    cache = tuple(c.at[:, slot_ids, :window].set(r, mode="drop") for c, r in zip(cache, rows))
+    cache = tuple(c.at[:, slot_ids, :, :window].set(r, mode="drop") for c, r in zip(cache, rows))
     h_last = jnp.take_along_axis(h, last_index[:, None, None], axis=1)[:, 0]  # [B, E]
-    logits = sampling_logits(cfg, params, h_last, mesh, rules)  # [V, B]
+    logits, stats = sampling_logits(cfg, params, h_last, mesh, rules, inverse_temperature(sampling.temperature))
     positions = write_index + last_index + 1
     tok, lp = sample_vocab_major(logits, sampling.temperature, sampling.top_p, sampling.top_k, sampling.seeds,
-                                 positions, truncation=truncation)
+                                 positions, truncation=truncation, stats=stats)
     return _pin_cache(cache, mesh, rules), tok, lp
+
+
+def _decode_hidden(cfg: Qwen3Config, params, tokens: jax.Array, cache, write: jax.Array, mesh, rules):
+    """One token per cache row [N] -> (final hidden states [N, E], cache): every layer in one CPU
+    kernel where `cpu_decode.usable` (fp32, AVX-512, unsharded), else the model's own layers."""
+    if cpu_decode.usable(cfg, params, cache, tokens.shape[0], mesh):
+        x = jnp.take(params["embed"], tokens, axis=0)
+        h, cache = cpu_decode.decode_layers(cfg, params, x, write, cache)
+        return Qwen3(cfg, mesh, rules).apply({"params": params}, h, method=Qwen3.final_hidden), cache
+    h, cache = forward_with_cache(cfg, params, tokens[:, None], cache, write, mesh=mesh, rules=rules, return_hidden=True)
+    return h[:, 0], cache
 
 
 class DecodeState(NamedTuple):
@@ -162,11 +185,12 @@ def decode(cfg: Qwen3Config, params, cache, state: DecodeState, *, num_steps: in
     truncation=False: no slot uses top-k / top-p (see `sampling.sample`).
     """
     full = cache
-    max_len = cache[0].shape[2]
+    max_len = cache[0].shape[3]
     if window < max_len:
-        cache = tuple(c[:, :, :window] for c in full)
+        cache = tuple(c[:, :, :, :window] for c in full)
     n = state.tokens.shape[0]
     s = state.sampling
+    inv_t = inverse_temperature(s.temperature)
     n_active = jnp.sum(state.active)
 
     def cond(carry):
@@ -178,11 +202,10 @@ def decode(cfg: Qwen3Config, params, cache, state: DecodeState, *, num_steps: in
     def body(carry):
         i, st, cache, out_tok, out_lp = carry
         write = jnp.where(st.active, st.lengths, window)
-        h, cache = forward_with_cache(cfg, params, st.tokens[:, None], cache, write, mesh=mesh, rules=rules,
-                                      return_hidden=True)  # h [N, 1, E]
-        logits = sampling_logits(cfg, params, h[:, 0], mesh, rules)  # [V, N]
+        h, cache = _decode_hidden(cfg, params, st.tokens, cache, write, mesh, rules)  # h [N, E]
+        logits, stats = sampling_logits(cfg, params, h, mesh, rules, inv_t)  # [V, N]
         tok, lp = sample_vocab_major(logits, s.temperature, s.top_p, s.top_k, s.seeds, st.lengths + 1,
-                                     truncation=truncation)
+                                     truncation=truncation, stats=stats)
         tok = jnp.where(st.active, tok, -1)
         out_tok = out_tok.at[i].set(tok)
         out_lp = out_lp.at[i].set(jnp.where(st.active, lp, 0.0))

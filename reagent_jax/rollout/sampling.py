@@ -105,14 +105,14 @@ def _token_id(t) -> int:
     return operator.index(t)
 
 
-_CHUNK = 128  # vocabulary chunk of the two-level argmax and draw
+CHUNK = 128  # vocabulary chunk of the two-level argmax, the draw and `chunk_stats`
 _FAST_K = 256  # truncation is read off the top-_FAST_K values when they decide it
 
 
 def _chunked(x: jax.Array, fill: float) -> jax.Array:
-    """Vocabulary-major logits [V, B] -> [C, S, B] with S = _CHUNK, the tail padded with `fill`."""
+    """Vocabulary-major logits [V, B] -> [C, S, B] with S = CHUNK, the tail padded with `fill`."""
     v, b = x.shape
-    s = min(_CHUNK, v)
+    s = min(CHUNK, v)
     c = -(-v // s)
     if c * s != v:
         x = jnp.pad(x, ((0, c * s - v), (0, 0)), constant_values=fill)
@@ -197,6 +197,14 @@ def truncate(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array, logz: Option
     lax.top_k(fast_k) when that decides it (peaked distributions: almost always), otherwise
     found by bisection (see _threshold_by_bisection); a full sort of a 152k vocabulary would
     cost ~30 ms per row on CPU."""
+    needs, key = truncation_threshold(scaled, top_p, top_k, logz, fast_k)
+    return jnp.where(~needs[:, None] | (_order_key(scaled) >= key[:, None]), scaled, -jnp.inf)
+
+
+def truncation_threshold(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array, logz: Optional[jax.Array] = None,
+                         fast_k: int = _FAST_K) -> tuple[jax.Array, jax.Array]:
+    """`truncate`'s decision without applying it: (needs [B] bool, threshold [B] as an order key);
+    row b keeps the values whose `_order_key` is >= threshold[b] when needs[b], else all."""
     v = scaled.shape[-1]
     needs = ((top_k > 0) & (top_k < v)) | (top_p < 1.0)  # [B]
     k = jnp.where((top_k > 0) & (top_k < v), top_k, jnp.iinfo(jnp.int32).max).astype(jnp.int32)
@@ -207,8 +215,7 @@ def truncate(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array, logz: Option
                        lambda: jnp.where(decided, _order_key(thresh),
                                          _threshold_by_bisection(scaled, top_p, jnp.minimum(k, v))),
                        lambda: _order_key(thresh))
-    keep = ~needs[:, None] | (_order_key(scaled) >= key[:, None])
-    return jnp.where(keep, scaled, -jnp.inf)
+    return needs, key
 
 
 def sample(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array,
@@ -219,56 +226,89 @@ def sample(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: j
     return sample_vocab_major(logits.T, temperature, top_p, top_k, seeds, positions, truncation)
 
 
+def inverse_temperature(temperature: jax.Array) -> jax.Array:
+    """1 / T per row, 1 for greedy rows (T = 0 or subnormal): what the sampler scales logits by
+    and what `chunk_stats` (or the decode kernel that computes them) must be given."""
+    greedy = temperature < jnp.finfo(jnp.float32).tiny  # 0, or subnormal (flushed to 0 on some backends)
+    return jnp.where(greedy, 1.0, 1.0 / jnp.where(greedy, 1.0, temperature)).astype(jnp.float32)
+
+
+def chunk_stats(logits: jax.Array, inv_temperature: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per vocabulary chunk of CHUNK rows and per row of vocabulary-major logits [V, B]: the
+    maximum M [C, B] and sum(exp((logits - M) * inv_temperature)) [C, B]. All the sampler needs of
+    the whole vocabulary; `cpu_gemm.vocab_logits` computes the same while it projects."""
+    l3 = _chunked(logits.astype(jnp.float32), -jnp.inf)  # [C, S, B]
+    cmax = jnp.max(l3, axis=1)
+    shift = jnp.where(jnp.isfinite(cmax), cmax, 0.0)  # a chunk of -inf logits sums to 0, not nan
+    return cmax, jnp.sum(jnp.exp((l3 - shift[:, None]) * inv_temperature), axis=1)
+
+
+def _chunk_of(logits: jax.Array, c: jax.Array) -> jax.Array:
+    """Row b's chunk c[b] of vocabulary-major logits [V, B]: [B, S], -inf past the vocabulary."""
+    v, b = logits.shape
+    s = min(CHUNK, v)
+    idx = c[:, None] * s + jnp.arange(s)[None, :]  # [B, S]
+    vals = logits[jnp.minimum(idx, v - 1), jnp.arange(b)[:, None]]
+    return jnp.where(idx < v, vals, -jnp.inf)
+
+
 def sample_vocab_major(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array,
-                       seeds: jax.Array, positions: jax.Array, truncation: bool = True
-                       ) -> tuple[jax.Array, jax.Array]:
+                       seeds: jax.Array, positions: jax.Array, truncation: bool = True,
+                       stats: Optional[tuple[jax.Array, jax.Array]] = None) -> tuple[jax.Array, jax.Array]:
     """`sample` on vocabulary-major logits [V, B] (what the decode projection writes on XLA:CPU,
     where transposing it to [B, V] cost ~1.7 ms per step at 16 x 151936).
 
-    The draw is a two-level Gumbel-max, exact for softmax(truncated logits / T): a chunk c of
-    the vocabulary with probability sum_c p (Gumbel-max over the C chunk log-masses), then a
-    token inside it with probability p_i / sum_c p (Gumbel-max over its S logits). It needs
-    C + S noise values per row instead of V (~180x fewer on a 152k vocabulary). Truncation and
-    noise are skipped at run time (lax.cond) when no row needs them, so greedy batches pay for
-    one chunked argmax and one logsumexp. truncation=False (static) leaves the top-k / top-p
-    code out of the program: the caller guarantees no row uses them (merely present, XLA:CPU
-    charges it ~5 ms per call on a 152k vocabulary).
+    Everything is read off the per-chunk statistics `stats` = `chunk_stats(logits,
+    inverse_temperature(temperature))` (computed here when not given; the CPU decode kernel
+    hands them over) and one chunk per row: the greedy token is the first maximum of the first
+    chunk holding the row maximum m, logz = logsumexp over chunks of (M - m) / T + log(sum), and
+    the logprob is (logits[token] - m) / T - logz. The draw is a two-level Gumbel-max, exact for
+    softmax(truncated logits / T): a chunk c of the vocabulary with probability sum_c p
+    (Gumbel-max over the C chunk log-masses), then a token inside it with probability
+    p_i / sum_c p (Gumbel-max over its S logits). It needs C + S noise values per row instead of
+    V (~180x fewer on a 152k vocabulary). Truncation and noise are skipped at run time
+    (lax.cond) when no row needs them, so a greedy batch never reads the [V, B] logits whole
+    once the statistics are known. truncation=False (static) leaves the top-k / top-p code out of
+    the program: the caller guarantees no row uses them (merely present, XLA:CPU charges it ~5 ms
+    per call on a 152k vocabulary).
     """
     logits = logits.astype(jnp.float32)
     v, b = logits.shape
-    greedy = temperature < jnp.finfo(jnp.float32).tiny  # 0, or subnormal (flushed to 0 on some backends)
-    t = jnp.where(greedy, 1.0, temperature).astype(jnp.float32)
-    l3 = _chunked(logits, -jnp.inf)  # [C, S, B]
-    greedy_tok = _argmax_chunked(l3)
-    # Scaled logits relative to the row maximum, so the top token sits at exactly 0 and every
-    # other one below it. Dividing unshifted logits by a tiny T (1e-6) gives values ~1e7 whose
-    # last bits differ between the fusions that read them (XLA may use x * (1/T) in one, x / T
-    # in another): logprobs came out positive, or inf / nan with random tokens at T = 1e-30.
-    m = logits[greedy_tok, jnp.arange(b)]  # [B] row maximum (a gather: no extra pass over [V, B])
-    scaled = (logits - m[None, :]) / t[None, :]  # [V, B], <= 0 however it is rounded
-    x3 = (l3 - m[None, None, :]) / t[None, None, :]  # [C, S, B], = _chunked(scaled)
-    chunk_logz = jnp.log(jnp.sum(jnp.exp(x3), axis=1))  # [C, B]: no max needed, all <= 0
-    logz = jax.nn.logsumexp(chunk_logz, axis=0)  # [B], >= 0 (the top token contributes exp(0))
+    rows = jnp.arange(b)
+    greedy = temperature < jnp.finfo(jnp.float32).tiny
+    inv_t = inverse_temperature(temperature)
+    cmax, csum = chunk_stats(logits, inv_t) if stats is None else stats  # [C, B] each
+    top_chunk = jnp.argmax(cmax, axis=0)  # [B] first chunk holding the maximum
+    greedy_tok = (top_chunk * min(CHUNK, v) + jnp.argmax(_chunk_of(logits, top_chunk), axis=-1)).astype(jnp.int32)
+    # Scaled logits are taken relative to the row maximum m, so the top token sits at exactly 0
+    # and every other one below it (dividing unshifted logits by a tiny T gave values ~1e7 whose
+    # last bits differed between fusions: logprobs came out positive, or inf / nan at T = 1e-30).
+    m = cmax[top_chunk, rows]  # [B]
+    chunk_logz = (cmax - m[None, :]) * inv_t[None, :] + jnp.log(csum)  # [C, B], the top chunk's >= 0
+    logz = jax.nn.logsumexp(chunk_logz, axis=0)  # [B], >= 0
 
     def draw(_):
         needs = (~greedy) & (((top_k > 0) & (top_k < v)) | (top_p < 1.0))
 
-        def truncated():  # truncate works row-major: [B, V] in and out
-            kept = truncate(scaled.T, jnp.where(greedy, 1.0, top_p), jnp.where(greedy, 0, top_k), logz)
-            m = _chunked(kept.T, -jnp.inf)
-            return m, jax.nn.logsumexp(m, axis=1)
+        def truncated():  # the threshold works row-major on the whole vocabulary: [B, V]
+            scaled = ((logits - m[None, :]) * inv_t[None, :]).T
+            cut, key = truncation_threshold(scaled, jnp.where(needs, top_p, 1.0), jnp.where(needs, top_k, 0), logz)
+            kept = jnp.where(~cut[:, None] | (_order_key(scaled) >= key[:, None]), scaled, -jnp.inf)
+            return cut, key, jax.nn.logsumexp(_chunked(kept.T, -jnp.inf), axis=1)
 
-        masked, mlogz = (jax.lax.cond(jnp.any(needs), truncated, lambda: (x3, chunk_logz)) if truncation
-                         else (x3, chunk_logz))
+        untruncated = lambda: (jnp.zeros(b, bool), jnp.zeros(b, jnp.uint32), chunk_logz)
+        cut, key, mlogz = (jax.lax.cond(jnp.any(needs), truncated, untruncated) if truncation
+                           else untruncated())
         keys = jax.vmap(lambda s, p: jax.random.split(jax.random.fold_in(jax.random.PRNGKey(s), p)))(
             seeds.astype(jnp.uint32), positions.astype(jnp.int32))  # [B, 2, key]
         c_noise = jax.vmap(lambda k: jax.random.gumbel(k, mlogz.shape[:1], jnp.float32))(keys[:, 0])  # [B, C]
         c = jnp.argmax(mlogz.T + c_noise, axis=-1)  # [B]
-        row = _chunk_rows(masked, c)  # [B, S]
+        row = (_chunk_of(logits, c) - m[:, None]) * inv_t[:, None]  # [B, S]
+        row = jnp.where(~cut[:, None] | (_order_key(row) >= key[:, None]), row, -jnp.inf)
         s_noise = jax.vmap(lambda k: jax.random.gumbel(k, row.shape[-1:], jnp.float32))(keys[:, 1])
         return (c * row.shape[-1] + jnp.argmax(row + s_noise, axis=-1)).astype(jnp.int32)
 
     drawn = jax.lax.cond(jnp.all(greedy), lambda _: greedy_tok, draw, None)
     tokens = jnp.minimum(jnp.where(greedy, greedy_tok, drawn), v - 1)
-    logprobs = scaled[tokens, jnp.arange(b)] - logz
+    logprobs = (logits[tokens, rows] - m) * inv_t - logz
     return tokens, logprobs
