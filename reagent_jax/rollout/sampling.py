@@ -197,8 +197,12 @@ def truncate(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array, logz: Option
     lax.top_k(fast_k) when that decides it (peaked distributions: almost always), otherwise
     found by bisection (see _threshold_by_bisection); a full sort of a 152k vocabulary would
     cost ~30 ms per row on CPU."""
-    needs, key = truncation_threshold(scaled, top_p, top_k, logz, fast_k)
-    return jnp.where(~needs[:, None] | (_order_key(scaled) >= key[:, None]), scaled, -jnp.inf)
+    return _keep(scaled, *truncation_threshold(scaled, top_p, top_k, logz, fast_k))
+
+
+def _keep(x: jax.Array, cut: jax.Array, key: jax.Array) -> jax.Array:
+    """x [B, N] with the values below row b's threshold key[b] set to -inf where cut[b]."""
+    return jnp.where(~cut[:, None] | (_order_key(x) >= key[:, None]), x, -jnp.inf)
 
 
 def truncation_threshold(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array, logz: Optional[jax.Array] = None,
@@ -293,8 +297,7 @@ def sample_vocab_major(logits: jax.Array, temperature: jax.Array, top_p: jax.Arr
         def truncated():  # the threshold works row-major on the whole vocabulary: [B, V]
             scaled = ((logits - m[None, :]) * inv_t[None, :]).T
             cut, key = truncation_threshold(scaled, jnp.where(needs, top_p, 1.0), jnp.where(needs, top_k, 0), logz)
-            kept = jnp.where(~cut[:, None] | (_order_key(scaled) >= key[:, None]), scaled, -jnp.inf)
-            return cut, key, jax.nn.logsumexp(_chunked(kept.T, -jnp.inf), axis=1)
+            return cut, key, jax.nn.logsumexp(_chunked(_keep(scaled, cut, key).T, -jnp.inf), axis=1)
 
         untruncated = lambda: (jnp.zeros(b, bool), jnp.zeros(b, jnp.uint32), chunk_logz)
         cut, key, mlogz = (jax.lax.cond(jnp.any(needs), truncated, untruncated) if truncation
@@ -303,8 +306,7 @@ def sample_vocab_major(logits: jax.Array, temperature: jax.Array, top_p: jax.Arr
             seeds.astype(jnp.uint32), positions.astype(jnp.int32))  # [B, 2, key]
         c_noise = jax.vmap(lambda k: jax.random.gumbel(k, mlogz.shape[:1], jnp.float32))(keys[:, 0])  # [B, C]
         c = jnp.argmax(mlogz.T + c_noise, axis=-1)  # [B]
-        row = (_chunk_of(logits, c) - m[:, None]) * inv_t[:, None]  # [B, S]
-        row = jnp.where(~cut[:, None] | (_order_key(row) >= key[:, None]), row, -jnp.inf)
+        row = _keep((_chunk_of(logits, c) - m[:, None]) * inv_t[:, None], cut, key)  # [B, S]
         s_noise = jax.vmap(lambda k: jax.random.gumbel(k, row.shape[-1:], jnp.float32))(keys[:, 1])
         return (c * row.shape[-1] + jnp.argmax(row + s_noise, axis=-1)).astype(jnp.int32)
 
