@@ -49,6 +49,22 @@ def memory_bandwidth(mb: int = 256, iters: int = 5) -> float:
     return 2.0 * n * 4 / median(time_calls(lambda: f(x), iters=iters, warmup=2))
 
 
+_MEASURED_PEAK: dict[str, float] = {}
+
+
+def peak_flops(devices) -> float:
+    """Peak FLOP/s of these devices together: the chip table (`aot.chips`, overridable with
+    REAGENT_PEAK_TFLOPS), else (a CPU) the matmul peak measured once per process."""
+    from reagent_jax.aot.chips import chip_spec
+    devices = list(devices)
+    spec = chip_spec(devices[0])
+    if spec is not None and spec.peak_tflops:
+        return spec.peak_tflops * 1e12 * len(devices)
+    if "measured" not in _MEASURED_PEAK:
+        _MEASURED_PEAK["measured"] = matmul_peak_flops(n=1024, iters=3)
+    return _MEASURED_PEAK["measured"] * (1 if devices[0].platform == "cpu" else len(devices))
+
+
 def peak_memory_bytes() -> int:
     """Peak device memory where the backend reports it, else this process's max RSS."""
     try:

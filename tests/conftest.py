@@ -6,6 +6,10 @@ import pytest
 
 # Keep XLA from grabbing both cores' worth of threads per test process.
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
+# The tests run on CPU. With libtpu installed (requirements-test.txt, for the compile check) a
+# process that lets jax probe for TPUs holds libtpu's lockfile for its lifetime, and the compile
+# check's subprocess could then not load libtpu to compile for TPU topologies.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 def make_hf_qwen3(out_dir, seed=0, **shape):

@@ -24,6 +24,22 @@ def test_quickstart_and_paper_configs_build():
     assert (p.grpo.questions_per_step, p.grpo.n, p.agent.temperature, p.agent.top_p) == (32, 8, 0.7, 0.95)
     assert p.agent.max_turns == 13 and p.eval.max_turns == 30 and p.grpo.learning_rate == 5e-7
     assert p.strategy == "reagent_u" and p.mesh == "gpu8"
+    assert p.rollout.max_len == 16384 and p.model.remat_policy == "full"
+
+
+def test_slice_variants_and_the_colab_config_build():
+    import importlib.util
+    import pytest
+    spec = importlib.util.spec_from_file_location("paper", os.path.join(REPO, "configs", "qwen3_8b_reagent_u.py"))
+    paper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(paper)
+    for name in paper.VARIANTS:
+        c = paper.get_config(name)
+        assert c.grpo.questions_per_step == 32 and c.rollout.max_len == paper.VARIANTS[name]["max_len"]
+    with pytest.raises(ValueError, match="unknown variant 'v7'"):
+        paper.get_config("v7")
+    colab = _load("colab_qwen3_0p6b")
+    assert colab.model.preset == "qwen3-0.6b" and colab.mesh == "single" and colab.strategy == "grpo"
 
 
 def test_paper_config_shardings_resolve_for_qwen3_8b():

@@ -77,8 +77,9 @@ def test_usable_only_where_it_applies(monkeypatch):
     assert not cpu_decode.usable(cfg.replace(head_dim=24), params, cache, 4)
     assert not cpu_decode.usable(cfg.replace(head_dim=272), params, cache, 4)  # more than 256
 
-    class Mesh2:
+    class Mesh2:  # a 2-device mesh of this host's CPU
         size = 2
+        devices = np.array(jax.devices()[:1] * 2)
     assert not cpu_decode.usable(cfg, params, cache, 4, mesh=Mesh2())
     monkeypatch.setenv("REAGENT_CPU_GEMM", "xla")
     assert not cpu_decode.usable(cfg, params, cache, 4)

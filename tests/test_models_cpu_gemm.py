@@ -104,8 +104,9 @@ def test_usable_only_for_like_for_like_cases(monkeypatch):
     assert not cpu_gemm.usable(big, w.astype(jnp.bfloat16))
     assert not cpu_gemm.usable(big, jnp.zeros((4, 0)))
 
-    class Mesh2:
+    class Mesh2:  # a 2-device mesh of this host's CPU
         size = 2
+        devices = np.array(jax.devices()[:1] * 2)
     assert not cpu_gemm.usable(big, w, mesh=Mesh2())
     # "bthd,hde": rows are b*t, not b*t*h
     assert not cpu_gemm.usable(jnp.zeros((1, 100, 4, 8)), jnp.zeros((4, 8, 3)), n_contract=2)
@@ -247,8 +248,9 @@ def test_vocab_logits_usable_only_where_it_applies(monkeypatch):
     assert not cpu_gemm.vocab_logits_usable(w.astype(jnp.bfloat16), h)
     assert not cpu_gemm.vocab_logits_usable(w, h.astype(jnp.bfloat16))
 
-    class Mesh2:
+    class Mesh2:  # a 2-device mesh of this host's CPU
         size = 2
+        devices = np.array(jax.devices()[:1] * 2)
     assert not cpu_gemm.vocab_logits_usable(w, h, mesh=Mesh2())
     monkeypatch.setenv("REAGENT_CPU_GEMM", "xla")
     assert not cpu_gemm.vocab_logits_usable(w, h)

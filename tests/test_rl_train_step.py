@@ -122,20 +122,23 @@ def test_sft_context_weight_matches_numpy_and_accumulates():
 
 
 def test_one_step_on_8_devices_equals_single_device():
-    """GRPO (fsdp 4 x tensor 2) and DPO (data 2 x fsdp 2 x tensor 2): params within 1e-5."""
+    """GRPO and SFT (fsdp 4 x tensor 2) and DPO (data 2 x fsdp 2 x tensor 2): params within 1e-5 of
+    one device, the objective bound to the state's mesh, weights stay FSDP x tensor sharded."""
     code = """
     import json, jax, numpy as np, optax
     from reagent_jax import models, parallel
     from reagent_jax.rl import objectives, train_step as ts
     from tests.test_rl_train_step import CFG, grpo_batch
     def dpo_batch():
-        b = grpo_batch(b=8, seed=5)
-        r = lambda x: x.reshape(4, 2, -1)
+        b = grpo_batch(b=16, seed=5)
+        r = lambda x: x.reshape(8, 2, -1)
         return {"tokens": r(b["tokens"]), "attention_mask": r(b["attention_mask"]),
-                "loss_mask": r(b["loss_mask"]) | 1, "ref_logps": np.random.default_rng(0).normal(-60, 3, (4, 2)).astype(np.float32)}
+                "loss_mask": r(b["loss_mask"]) | 1, "ref_logps": np.random.default_rng(0).normal(-60, 3, (8, 2)).astype(np.float32)}
+    sft = {k: v for k, v in grpo_batch(seed=2).items() if k in ("tokens", "attention_mask", "loss_mask")}
     out = {}
     for name, obj, batch, mesh_shape in (
         ("grpo", objectives.GRPOObjective(CFG, beta=0.04), grpo_batch(), (1, 4, 2)),
+        ("sft", objectives.SFTObjective(CFG, context_weight=0.5), sft, (1, 4, 2)),
         ("dpo", objectives.DPOObjective(CFG, beta=0.1, nll_coef=0.5), dpo_batch(), (2, 2, 2))):
         opt = optax.sgd(0.1)
         params = models.init_params(CFG, jax.random.PRNGKey(0))
@@ -148,11 +151,49 @@ def test_one_step_on_8_devices_equals_single_device():
         diffs = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), single, sharded)
         out[name] = max(jax.tree.leaves(diffs))
         out[name + "_spec"] = str(sharded["layers"]["mlp"]["gate"].sharding.spec)
+        out[name + "_bound"] = objectives.on_mesh(obj, mesh).mesh is mesh
     print(json.dumps(out))
     """
     res = run_with_devices(code)
-    assert res["grpo"] <= 1e-5 and res["dpo"] <= 1e-5, res
+    assert res["grpo"] <= 1e-5 and res["sft"] <= 1e-5 and res["dpo"] <= 1e-5, res
     assert "fsdp" in res["grpo_spec"] and "tensor" in res["grpo_spec"]
+    assert res["grpo_bound"] and res["sft_bound"] and res["dpo_bound"]
+
+
+def test_micro_batch_that_does_not_split_over_the_mesh_is_named():
+    """4 rows in 2 micro-batches on 4 batch shards would replicate every micro-batch on every chip:
+    refused with the fix; the shards follow the rules table, and the train step itself checks."""
+    code = """
+    import json, jax, optax
+    from reagent_jax import models, parallel
+    from reagent_jax.rl import objectives, train_step as ts
+    from tests.test_rl_train_step import CFG, grpo_batch
+    mesh = parallel.mesh_from_preset("cpu8")
+    out = {"cpu8": ts.batch_shards(mesh), "dp": ts.batch_shards(parallel.make_mesh(2, 2, 2)),
+           "fsdp_only_rule": ts.batch_shards(parallel.make_mesh(2, 2, 2),
+                                             tuple((k, "fsdp" if k == "batch" else v) for k, v in parallel.DEFAULT_RULES))}
+    ts.check_micro_batch(16, 2, mesh)
+    try:
+        ts.check_micro_batch(4, 2, mesh)
+    except ValueError as e:
+        out["error"] = str(e)
+    opt = optax.sgd(0.1)
+    sh = ts.state_shardings(models.param_shardings(CFG, mesh), opt, mesh, models.param_shapes(CFG))
+    state = ts.init_state(models.init_params(CFG, jax.random.PRNGKey(0), mesh=mesh), opt, sh)
+    step = ts.make_train_step(objectives.GRPOObjective(CFG), opt, num_micro_batches=4, shardings=sh)
+    try:
+        step(state, ts.shard_batch(grpo_batch(b=8), mesh))
+    except ValueError as e:
+        out["step_error"] = str(e)
+    print(json.dumps(out))
+    """
+    res = run_with_devices(code)
+    assert (res["cpu8"], res["dp"], res["fsdp_only_rule"]) == (4, 4, 2)
+    assert "2 rows per micro-batch" in res["error"] and "4 batch shards" in res["error"]
+    assert "micro_batches=1" in res["error"]
+    assert "8 rows in 4 micro-batches" in res["step_error"] and "micro_batches=2" in res["step_error"]
+    with pytest.raises(ValueError, match="not divisible by 3 micro-batches"):
+        ts.check_micro_batch(4, 3, None)
 
 
 def test_grpo_step_moves_logprobs_in_the_advantage_direction():

@@ -102,7 +102,7 @@ def assert_trees_equal(a, b):
 
 def logged(wd):
     """Every step's metrics except wall-clock timings."""
-    return [{k: v for k, v in m.items() if k != "time" and not k.startswith("timing_s/")}
+    return [{k: v for k, v in m.items() if k not in ("time", "perf/mfu") and not k.startswith("timing_s/")}
             for m in read_metrics(os.path.join(wd, "sft"))]
 
 

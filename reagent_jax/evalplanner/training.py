@@ -93,10 +93,11 @@ def _pair_batch(pairs: Sequence[dict], batch_pairs: int, buckets, max_len: int) 
     return out
 
 
-def reference_logps(model_cfg, params, pairs: Sequence[dict], *, batch_pairs: int, max_len: int) -> np.ndarray:
+def reference_logps(model_cfg, params, pairs: Sequence[dict], *, batch_pairs: int, max_len: int,
+                    mesh=None) -> np.ndarray:
     """[N, 2] summed logprobs of chosen / rejected answers under `params` (the frozen reference)."""
     buckets = default_buckets(max_len)
-    fn = jax.jit(lambda p, tokens, am, lm: sequence_logps(model_cfg, p, tokens, am, lm))
+    fn = jax.jit(lambda p, tokens, am, lm: sequence_logps(model_cfg, p, tokens, am, lm, mesh=mesh))
     out = np.zeros((len(pairs), 2), np.float32)
     for s in range(0, len(pairs), batch_pairs):
         chunk = pairs[s:s + batch_pairs]
@@ -158,7 +159,7 @@ def run_dpo(ctx, model_cfg, params, pairs: Sequence[dict], dpo_cfg, stage: str, 
     path = os.path.join(ctx.stage_dir(stage), "ref_logps.npy")
     ref = _cached_reference(path, key, len(pairs))
     if ref is None:
-        ref = reference_logps(model_cfg, params, pairs, batch_pairs=bsz, max_len=dpo_cfg.max_len)
+        ref = reference_logps(model_cfg, params, pairs, batch_pairs=bsz, max_len=dpo_cfg.max_len, mesh=ctx.mesh)
         _save_reference(path, key, ref)
     opt = OptimizerConfig(learning_rate=dpo_cfg.learning_rate, warmup_steps=dpo_cfg.warmup_steps, decay="cosine",
                           total_steps=dpo_cfg.steps, max_grad_norm=1.0)

@@ -40,6 +40,8 @@ import tempfile
 import jax
 import jax.numpy as jnp
 
+from reagent_jax.parallel.mesh import mesh_platform
+
 log = logging.getLogger(__name__)
 
 _TARGET = "reagent_sgemm"
@@ -131,7 +133,7 @@ def _load() -> bool:
 def usable(x: jax.Array, w: jax.Array, mesh=None, n_contract: int = 1) -> bool:
     """True when x [..., K1..Kc] . w (c = n_contract) may go through OpenBLAS; decided at trace
     time from static facts."""
-    if mode() == "xla" or jax.default_backend() != "cpu":
+    if mode() == "xla" or mesh_platform(mesh) != "cpu":
         return False
     if math.prod(x.shape[:x.ndim - n_contract]) < MIN_ROWS:
         return False
@@ -202,7 +204,7 @@ def leading_contraction(eq: str) -> int | None:
 def vocab_logits_usable(w: jax.Array, h: jax.Array, mesh=None) -> bool:
     """True when w [V, E] . h [B, E]^T may go through `vocab_logits`: CPU with AVX-512, fp32,
     no device mesh, 1 <= B <= VOCAB_LOGITS_MAX_ROWS. Decided at trace time."""
-    if mode() == "xla" or jax.default_backend() != "cpu" or (mesh is not None and mesh.size > 1):
+    if mode() == "xla" or mesh_platform(mesh) != "cpu" or (mesh is not None and mesh.size > 1):
         return False
     if w.ndim != 2 or h.ndim != 2 or w.shape[1] != h.shape[1] or not 1 <= h.shape[0] <= VOCAB_LOGITS_MAX_ROWS:
         return False

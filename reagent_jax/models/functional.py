@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.qwen3 import Qwen3, attention_mask
-from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, tree_shardings
+from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain, tree_shardings
 
 
 def _boxed_shapes(cfg: Qwen3Config):
@@ -103,8 +103,23 @@ def forward_with_cache(cfg: Qwen3Config, params, tokens: jax.Array, cache, write
                                          slot_ids, return_hidden=return_hidden)
 
 
+def _vocab_parallel_head(cfg: Qwen3Config, params, mesh: Optional[Mesh], rules: Rules):
+    """params with the output projection's weight cast to the compute dtype and split over the
+    vocabulary (`logits_vocab`), once for all chunks: the chunks then all-gather only their
+    hidden rows ([B, C, E], small) instead of the whole head, and the head's gradient stays
+    vocabulary-sharded until it is reduced into the params' layout once. None without a mesh."""
+    if mesh is None or mesh.size == 1:
+        return None
+    key, axes = ("embed", ("logits_vocab", None)) if cfg.tie_word_embeddings else ("lm_head", (None, "logits_vocab"))
+    return {**params, key: constrain(params[key].astype(cfg.jnp_dtype), axes, mesh, rules)}
+
+
 def _chunked_logprobs(cfg, params, h, targets, temperature, chunk_size, mesh, rules, with_entropy):
-    """h [B, T, E], targets [B, T] -> (logprob of targets [B, T], entropy [B, T] or None)."""
+    """h [B, T, E], targets [B, T] -> (logprob of targets [B, T], entropy [B, T] or None).
+
+    On a mesh the projection and the log-softmax run vocabulary-parallel (`_vocab_parallel_head`):
+    logits [B, C, V / shards] per chip, the normaliser, target logit and entropy reduced over the
+    vocabulary shards as [B, C] partial sums."""
     b, t, e = h.shape
     c = min(chunk_size, t)
     n = -(-t // c)
@@ -114,19 +129,32 @@ def _chunked_logprobs(cfg, params, h, targets, temperature, chunk_size, mesh, ru
     hs = h.reshape(b, n, c, e).swapaxes(0, 1)  # [n, B, C, E]
     ts = targets.reshape(b, n, c).swapaxes(0, 1)  # [n, B, C]
     model = Qwen3(cfg, mesh, rules)
+    head = _vocab_parallel_head(cfg, params, mesh, rules)
+    head_params = params if head is None else head
+
+    def target_logit(logits, tc):
+        if head is None:
+            return jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
+        # a masked sum reduces over the vocabulary shards; a gather would collect the logits first
+        vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+        return jnp.sum(jnp.where(vocab == tc[..., None], logits, 0.0), axis=-1)
 
     @jax.checkpoint
     def one(hc, tc):
-        logits = model.apply({"params": params}, hc, method=Qwen3.project) / temperature  # [B, C, V]
+        if head is not None:
+            hc = constrain(hc, ("logits_batch", None, None), mesh, rules)
+        logits = model.apply({"params": head_params}, hc, method=Qwen3.project) / temperature  # [B, C, V]
+        if head is not None:
+            logits = constrain(logits, ("logits_batch", None, "logits_vocab"), mesh, rules)
         if not with_entropy:
             lse = jax.nn.logsumexp(logits, axis=-1)
-            return jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0] - lse, jnp.zeros(tc.shape)
+            return target_logit(logits, tc) - lse, jnp.zeros(tc.shape)
         # One exp pass feeds both the normaliser and the entropy (H = lse - E_p[logits]).
         m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
         e = jnp.exp(logits - m)
         z = jnp.sum(e, axis=-1)
         lse = m[..., 0] + jnp.log(z)
-        lp = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0] - lse
+        lp = target_logit(logits, tc) - lse
         ent = jnp.log(z) - jnp.sum(e * (logits - m), axis=-1) / z  # relative to m: no lse-sized cancellation
         return lp, ent
 

@@ -23,9 +23,11 @@ from jax.sharding import Mesh
 
 from reagent_jax.models import cpu_gemm
 from reagent_jax.models.config import Qwen3Config
+from reagent_jax.parallel.mesh import mesh_platform
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain
 
 _NEG = -1e30  # finite "minus infinity": fully masked (padding) rows stay finite
+LONG_ATTENTION = 2048  # longer sequences recompute attention probabilities per query block (see causal_attention)
 
 
 def _mm(eq: str, a: jax.Array, b: jax.Array) -> jax.Array:
@@ -38,7 +40,12 @@ def _mm(eq: str, a: jax.Array, b: jax.Array) -> jax.Array:
 
 def _dense(eq: str, x: jax.Array, w: jax.Array, mesh: Optional[Mesh]) -> jax.Array:
     """x . weight: through OpenBLAS for fp32 on an unsharded CPU run (`cpu_gemm`: XLA:CPU's fp32
-    GEMM is ~15% slower), else `_mm`."""
+    GEMM is ~15% slower), `_mm` elsewhere on CPU. On accelerators a plain einsum in the compute
+    dtype (the MXU / tensor cores accumulate in fp32 anyway): with an fp32 result the weight
+    gradient becomes an fp32 GEMM and its FSDP reduce-scatter moves fp32, twice the bytes
+    (measured on the Qwen3-8B train step for v5p)."""
+    if mesh_platform(mesh) != "cpu":
+        return jnp.einsum(eq, x, w)
     n_contract = cpu_gemm.leading_contraction(eq)
     if n_contract is not None and cpu_gemm.usable(x, w, mesh=mesh, n_contract=n_contract):
         return cpu_gemm.contract(x, w, n_contract)
@@ -47,6 +54,15 @@ def _dense(eq: str, x: jax.Array, w: jax.Array, mesh: Optional[Mesh]) -> jax.Arr
 
 def _init(axes, std=0.02):
     return nn.with_logical_partitioning(nn.initializers.normal(std), axes)
+
+
+def _weight(module: nn.Module, name: str, axes: tuple[str, ...], shape: tuple[int, ...]) -> jax.Array:
+    """A weight in the compute dtype, constrained to its own (FSDP / tensor) sharding where it is
+    used. Why: the constraint's transpose pins the weight's gradient to the same layout in the
+    compute dtype, so each layer's gradient is reduce-scattered inside the layer scan instead of
+    all-reduced whole after it."""
+    w = module.param(name, _init(axes), shape, module.cfg.jnp_param_dtype)
+    return constrain(w.astype(module.cfg.jnp_dtype), axes, module.mesh, module.rules)
 
 
 class RMSNorm(nn.Module):
@@ -99,10 +115,13 @@ def attention_mask(q_index: jax.Array, key_valid: jax.Array) -> jax.Array:
     return (s_idx[None, None, :] <= q_index[:, :, None]) & key_valid[:, None, :].astype(bool)
 
 
-def causal_blocks(t: int, min_block: int = 128, max_blocks: int = 8) -> list[tuple[int, int]]:
+def causal_blocks(t: int, min_block: int = 128, max_blocks: int = 8, max_block: int = 512) -> list[tuple[int, int]]:
     """Static query blocks [start, end) for causal attention: block i only needs keys < end_i,
-    so splitting T queries into n blocks computes (n + 1) / 2n of the full score matrix."""
-    n = max(1, min(max_blocks, t // min_block))
+    so splitting T queries into n blocks computes (n + 1) / 2n of the full score matrix. Up to
+    `max_blocks` blocks, more when a block would exceed `max_block` queries: a block's scores
+    are [heads, block, T] fp32, 4.3 GB per layer for one 16k-token Qwen3-8B row in 2048-query
+    blocks, the largest buffer of the long-context train step."""
+    n = max(1, min(max(max_blocks, -(-t // max_block)), t // min_block))
     ends = [-(-t * (i + 1) // n) for i in range(n)]
     return list(zip([0] + ends[:-1], ends))
 
@@ -122,16 +141,25 @@ def causal_attention(qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     b, t, nk, g, d = qg.shape
     dt = v.dtype
     kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [b, k, s, d]
+
+    def block(q_blk, kt, vt, m):  # q_blk [b,k,(g tq),d]; kt, vt [b,k,s,d]; m [b,tq,s]
+        tq, s = m.shape[1], m.shape[2]
+        scores = jnp.einsum("bkmd,bksd->bkms", q_blk, kt, preferred_element_type=jnp.float32) * scale
+        scores = jnp.where(m[:, None, None], scores.reshape(b, nk, g, tq, s), _NEG)
+        e = jnp.exp(scores - jax.lax.stop_gradient(scores.max(axis=-1, keepdims=True)))  # [b,k,g,tq,s]
+        z = e.sum(axis=-1)  # [b,k,g,tq]
+        o = _mm("bkms,bksd->bkmd", e.reshape(b, nk, g * tq, s).astype(dt), vt)
+        return o.reshape(b, nk, g, tq, d) / z[..., None].astype(dt)
+
+    # Long sequences: recompute each block's probabilities in its own backward pass instead of
+    # keeping every block's [heads, block, keys] fp32 probabilities of the layer alive until then
+    # (~17 GB for one 16k-token Qwen3-8B row), the memory use of flash attention without a kernel.
+    if t > LONG_ATTENTION:
+        block = jax.checkpoint(block)
     outs = []
     for start, end in causal_blocks(t):
         q_blk = qg[:, start:end].transpose(0, 2, 3, 1, 4).reshape(b, nk, g * (end - start), d)  # [b,k,(g t),d]
-        scores = jnp.einsum("bkmd,bksd->bkms", q_blk, kt[:, :, :end], preferred_element_type=jnp.float32) * scale
-        scores = scores.reshape(b, nk, g, end - start, end)
-        scores = jnp.where(mask[:, None, None, start:end, :end], scores, _NEG)
-        e = jnp.exp(scores - jax.lax.stop_gradient(scores.max(axis=-1, keepdims=True)))  # [b,k,g,tq,s]
-        z = e.sum(axis=-1)  # [b,k,g,tq]
-        o = _mm("bkms,bksd->bkmd", e.reshape(b, nk, g * (end - start), end).astype(dt), vt[:, :, :end])
-        o = o.reshape(b, nk, g, end - start, d) / z[..., None].astype(dt)
+        o = block(q_blk, kt[:, :, :end], vt[:, :, :end], mask[:, start:end, :end])
         outs.append(o.transpose(0, 3, 1, 2, 4))  # [b,tq,k,g,d]
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
@@ -167,14 +195,14 @@ class Attention(nn.Module):
         """
         c = self.cfg
         dt, pdt = c.jnp_dtype, c.jnp_param_dtype
-        wq = self.param("q", _init(("embed", "q_heads", "head_dim")), (c.hidden_size, c.num_heads, c.head_dim), pdt)
-        wk = self.param("k", _init(("embed", "kv_heads", "head_dim")), (c.hidden_size, c.num_kv_heads, c.head_dim), pdt)
-        wv = self.param("v", _init(("embed", "kv_heads", "head_dim")), (c.hidden_size, c.num_kv_heads, c.head_dim), pdt)
-        wo = self.param("o", _init(("q_heads", "head_dim", "embed")), (c.num_heads, c.head_dim, c.hidden_size), pdt)
+        wq = _weight(self, "q", ("embed", "q_heads", "head_dim"), (c.hidden_size, c.num_heads, c.head_dim))
+        wk = _weight(self, "k", ("embed", "kv_heads", "head_dim"), (c.hidden_size, c.num_kv_heads, c.head_dim))
+        wv = _weight(self, "v", ("embed", "kv_heads", "head_dim"), (c.hidden_size, c.num_kv_heads, c.head_dim))
+        wo = _weight(self, "o", ("q_heads", "head_dim", "embed"), (c.num_heads, c.head_dim, c.hidden_size))
         xd = x.astype(dt)
-        q = _dense("bte,ehd->bthd", xd, wq.astype(dt), self.mesh)
-        k = _dense("bte,ekd->btkd", xd, wk.astype(dt), self.mesh)
-        v = _dense("bte,ekd->btkd", xd, wv.astype(dt), self.mesh)
+        q = _dense("bte,ehd->bthd", xd, wq, self.mesh)
+        k = _dense("bte,ekd->btkd", xd, wk, self.mesh)
+        v = _dense("bte,ekd->btkd", xd, wv, self.mesh)
         q = RMSNorm(c.head_dim, c.rms_norm_eps, pdt, axis="head_dim", name="q_norm")(q)
         k = RMSNorm(c.head_dim, c.rms_norm_eps, pdt, axis="head_dim", name="k_norm")(k)
         inv_freq, rope_scale = c.rope_frequencies()
@@ -204,14 +232,14 @@ class Attention(nn.Module):
             m = jnp.maximum(s_old.max(-1), s_new.max(-1))[..., None]
             e_old, e_new = jnp.exp(s_old - m), jnp.exp(s_new - m)
             z = e_old.sum(-1, keepdims=True) + e_new.sum(-1, keepdims=True)
-            if t == 1 and jax.default_backend() == "cpu":  # accelerators keep the einsums (measured on CPU only)
+            if t == 1 and mesh_platform(self.mesh) == "cpu":  # accelerators keep the einsums (measured on CPU only)
                 out = decode_step_values(e_old / z, cv, e_new / z, v)
             else:
                 out = (_mm("bkgts,bksd->btkgd", (e_old / z).astype(dt), cv)
                        + _mm("bkgtu,bukd->btkgd", (e_new / z).astype(dt), v))
         out = out.reshape(b, t, c.num_heads, c.head_dim)
         out = constrain(out, ("batch", "act_len", "act_heads", None), self.mesh, self.rules)
-        y = _dense("bthd,hde->bte", out, wo.astype(dt), self.mesh)
+        y = _dense("bthd,hde->bte", out, wo, self.mesh)
         new_kv = None if layer_cache is None else (k, v)
         return y, new_kv
 
@@ -224,15 +252,15 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x):
         c = self.cfg
-        dt, pdt = c.jnp_dtype, c.jnp_param_dtype
-        wg = self.param("gate", _init(("embed", "mlp")), (c.hidden_size, c.intermediate_size), pdt)
-        wu = self.param("up", _init(("embed", "mlp")), (c.hidden_size, c.intermediate_size), pdt)
-        wd = self.param("down", _init(("mlp", "embed")), (c.intermediate_size, c.hidden_size), pdt)
+        dt = c.jnp_dtype
+        wg = _weight(self, "gate", ("embed", "mlp"), (c.hidden_size, c.intermediate_size))
+        wu = _weight(self, "up", ("embed", "mlp"), (c.hidden_size, c.intermediate_size))
+        wd = _weight(self, "down", ("mlp", "embed"), (c.intermediate_size, c.hidden_size))
         xd = x.astype(dt)
-        gate = _dense("bte,ef->btf", xd, wg.astype(dt), self.mesh)
-        h = jax.nn.silu(gate) * _dense("bte,ef->btf", xd, wu.astype(dt), self.mesh)  # [b, t, f]
+        gate = _dense("bte,ef->btf", xd, wg, self.mesh)
+        h = jax.nn.silu(gate) * _dense("bte,ef->btf", xd, wu, self.mesh)  # [b, t, f]
         h = constrain(h, ("batch", "act_len", "act_mlp"), self.mesh, self.rules)
-        return _dense("btf,fe->bte", h, wd.astype(dt), self.mesh)
+        return _dense("btf,fe->bte", h, wd, self.mesh)
 
 
 class DecoderLayer(nn.Module):
@@ -289,8 +317,7 @@ class Qwen3(nn.Module):
     def __call__(self, tokens, positions, mask, cache=None, write_index=None, slot_ids=None,
                  return_hidden=False):
         c = self.cfg
-        x = jnp.take(self.embedding, tokens, axis=0).astype(c.jnp_dtype)  # [b, t, e]
-        x = constrain(x, ("batch", "act_len", "act_embed"), self.mesh, self.rules)
+        x = constrain(self.embed(tokens), ("batch", "act_len", "act_embed"), self.mesh, self.rules)  # [b, t, e]
         x, new_kv = self.layers(x, cache, positions, mask, write_index, slot_ids)  # new_kv: [l, b, t, k, d]
         if cache is not None:  # one in-place scatter of every layer's new K/V (the cache is donated)
             rows = jnp.arange(tokens.shape[0]) if slot_ids is None else slot_ids
@@ -303,6 +330,18 @@ class Qwen3(nn.Module):
             return h, cache
         logits = constrain(self.project(h), ("batch", "act_len", "act_vocab"), self.mesh, self.rules)
         return logits, cache
+
+    def embed(self, tokens):
+        """Token ids [...] -> embeddings [..., e] in the compute dtype. On a mesh the lookup is
+        vocabulary-parallel (the table split over `logits_vocab`, as the tied output projection
+        reads it, every chip looking up its own rows for all of the call's tokens): the table's
+        gradient then stays on its shard instead of being gathered whole per micro-batch."""
+        c = self.cfg
+        if self.mesh is None or self.mesh.size == 1:
+            return jnp.take(self.embedding, tokens, axis=0).astype(c.jnp_dtype)
+        table = constrain(self.embedding.astype(c.jnp_dtype), ("logits_vocab", None), self.mesh, self.rules)
+        tokens = constrain(tokens, ("logits_batch",) + (None,) * (tokens.ndim - 1), self.mesh, self.rules)
+        return jnp.take(table, tokens, axis=0)
 
     def final_hidden(self, h):
         """The final norm alone: the hidden state the projection reads (for callers that run the

@@ -56,6 +56,16 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1,
     return Mesh(grid, MESH_AXES)
 
 
+def mesh_platform(mesh: Optional[Mesh]) -> str:
+    """The platform ("cpu", "gpu", "tpu") of the devices a program on `mesh` runs on: the mesh's
+    own devices, or the default device without a mesh. Kernel choices read this, never
+    `jax.default_backend()`, so a CPU host compiling for TPU devices (launch/compile_check.py)
+    traces the TPU program and CPU-only kernels never enter an accelerator program."""
+    device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+    platform = device.platform.lower()
+    return "gpu" if platform in ("cuda", "rocm") else platform
+
+
 def mesh_from_preset(name: str, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
     """The preset's mesh over `devices` (default: all). "single" takes the first device, so it
     also works on a multi-device host; other presets must fit the device count exactly."""

@@ -29,6 +29,11 @@ DEFAULT_RULES: Rules = (
     ("act_kv_heads", "tensor"),
     ("act_mlp", "tensor"),
     ("act_vocab", "tensor"),
+    # vocabulary-parallel logprobs (models.token_logprobs on a mesh): the output projection's
+    # weight and each chunk's logits split the vocabulary over every model axis, the chunk's
+    # rows over data only, so no chip holds the whole head or a full-vocabulary logits row block
+    ("logits_batch", "data"),
+    ("logits_vocab", ("fsdp", "tensor")),
     # parameters
     ("layers", None),
     ("vocab", "tensor"),

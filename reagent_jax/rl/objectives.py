@@ -8,15 +8,22 @@ Batches are dicts of arrays with a leading batch axis; all masks are aligned wit
 (see `models.token_logprobs`: position t scores tokens[t] given tokens[:t]). `counts` checks the
 batch's keys and shapes first (ValueError naming the key), since `make_train_step` calls it once
 on the whole batch before splitting it.
+
+Every objective carries the `mesh` and `rules` its model runs under: without them the model's
+sharding constraints are no-ops and XLA is free to replicate the batch on every chip (no FSDP at
+all). `make_train_step` binds the train state's mesh (`on_mesh`) when the objective has none.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.functional import token_logprobs
+from reagent_jax.parallel.rules import DEFAULT_RULES, Rules
 from reagent_jax.rl.aggregation import aggregate_loss, loss_counts, masked_mean
 from reagent_jax.rl.dpo import dpo_loss
 from reagent_jax.rl.kl import kl_penalty
@@ -54,6 +61,17 @@ def _check_batch(objective: str, batch, spec: dict[str, list[_Dims]], optional: 
                              + (f" with {known}" if known else ""))
 
 
+def on_mesh(objective, mesh: Optional[Mesh], rules: Optional[Rules] = None):
+    """The objective with `mesh` (and `rules`) bound; ValueError if it is already bound to another mesh."""
+    if mesh is None or not dataclasses.is_dataclass(objective) or "mesh" not in {
+            f.name for f in dataclasses.fields(objective)} or objective.mesh is mesh:
+        return objective
+    if objective.mesh is not None and objective.mesh != mesh:
+        raise ValueError(f"{type(objective).__name__} runs on mesh {dict(objective.mesh.shape)} but the train state "
+                         f"lives on mesh {dict(mesh.shape)}; build both from the same mesh")
+    return dataclasses.replace(objective, mesh=mesh, rules=objective.rules if rules is None else rules)
+
+
 def _weighted(local_mean, local_count, global_count):
     """A micro-batch mean re-weighted so that summing over micro-batches gives the global mean."""
     return local_mean * local_count / jnp.maximum(global_count, 1.0)
@@ -74,6 +92,8 @@ class SFTObjective:
     cfg: Qwen3Config
     chunk_size: int = 256
     context_weight: float = 0.0
+    mesh: Optional[Mesh] = None
+    rules: Rules = DEFAULT_RULES
 
     def counts(self, batch):
         _check_batch("SFT", batch, {k: [("B", "T")] for k in ("tokens", "attention_mask", "loss_mask")})
@@ -89,7 +109,8 @@ class SFTObjective:
         return m.at[:, 0].set(0.0)
 
     def loss(self, params, mb, counts):
-        lp = token_logprobs(self.cfg, params, mb["tokens"], mb["attention_mask"], chunk_size=self.chunk_size)
+        lp = token_logprobs(self.cfg, params, mb["tokens"], mb["attention_mask"], chunk_size=self.chunk_size,
+                            mesh=self.mesh, rules=self.rules)
         mask = mb["loss_mask"].astype(jnp.float32)
         nll = -jnp.sum(lp * mask) / jnp.maximum(counts["num_tokens"], 1.0)
         metrics = {"sft/nll": nll, "sft/num_tokens": jnp.sum(mask)}
@@ -120,6 +141,8 @@ class GRPOObjective:
     temperature: float = 1.0
     entropy_coef: float = 0.0
     chunk_size: int = 256
+    mesh: Optional[Mesh] = None
+    rules: Rules = DEFAULT_RULES
 
     def counts(self, batch):
         spec = {k: [("B", "T")] for k in ("tokens", "attention_mask", "loss_mask", "old_logprobs", "ref_logprobs")}
@@ -131,7 +154,7 @@ class GRPOObjective:
     def loss(self, params, mb, counts):
         mask = mb["loss_mask"].astype(jnp.float32)
         lp, ent = token_logprobs(self.cfg, params, mb["tokens"], mb["attention_mask"], temperature=self.temperature,
-                                 chunk_size=self.chunk_size, return_entropy=True)
+                                 chunk_size=self.chunk_size, return_entropy=True, mesh=self.mesh, rules=self.rules)
         pg = ppo_policy_loss(lp, mb["old_logprobs"], mb["advantages"], mask, eps_low=self.eps_low,
                              eps_high=self.eps_high, dual_clip_c=self.dual_clip_c)
         agg = lambda x: aggregate_loss(x, mask, self.loss_agg_mode, global_num_tokens=counts["num_tokens"],
@@ -154,9 +177,10 @@ class GRPOObjective:
         return total, metrics
 
 
-def sequence_logps(cfg: Qwen3Config, params, tokens, attention_mask, loss_mask, chunk_size: int = 256):
+def sequence_logps(cfg: Qwen3Config, params, tokens, attention_mask, loss_mask, chunk_size: int = 256,
+                   mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES):
     """Sum of token logprobs over loss-masked tokens per row: [B, T] inputs -> [B]."""
-    lp = token_logprobs(cfg, params, tokens, attention_mask, chunk_size=chunk_size)
+    lp = token_logprobs(cfg, params, tokens, attention_mask, chunk_size=chunk_size, mesh=mesh, rules=rules)
     return jnp.sum(lp * loss_mask.astype(jnp.float32), axis=-1)
 
 
@@ -174,6 +198,8 @@ class DPOObjective:
     label_smoothing: float = 0.0
     nll_coef: float = 0.0
     chunk_size: int = 256
+    mesh: Optional[Mesh] = None
+    rules: Rules = DEFAULT_RULES
 
     def counts(self, batch):
         spec = {k: [("P", 2, "T")] for k in ("tokens", "attention_mask", "loss_mask")}
@@ -186,7 +212,7 @@ class DPOObjective:
         p, _, t = mb["tokens"].shape
         flat = lambda x: x.reshape(2 * p, t)
         logps = sequence_logps(self.cfg, params, flat(mb["tokens"]), flat(mb["attention_mask"]),
-                               flat(mb["loss_mask"]), self.chunk_size).reshape(p, 2)
+                               flat(mb["loss_mask"]), self.chunk_size, self.mesh, self.rules).reshape(p, 2)
         lengths = jnp.sum(mb["loss_mask"].astype(jnp.float32), axis=-1)  # [P, 2]
         pm = mb.get("pair_mask", jnp.ones((p,)))
         out = dpo_loss(logps[:, 0], logps[:, 1], mb["ref_logps"][:, 0], mb["ref_logps"][:, 1],

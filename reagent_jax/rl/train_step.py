@@ -13,10 +13,12 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from reagent_jax.parallel.rules import named_sharding
+from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, logical_to_spec, named_sharding
+from reagent_jax.rl.objectives import on_mesh
 
 
 class TrainState(NamedTuple):
@@ -94,7 +96,36 @@ def shard_batch(batch: dict, mesh: Optional[Mesh]) -> dict:
             for k, v in batch.items()}
 
 
+def batch_shards(mesh: Optional[Mesh], rules: Rules = DEFAULT_RULES) -> int:
+    """How many ways the rules split the batch axis over `mesh` (data x fsdp by default)."""
+    if mesh is None:
+        return 1
+    spec = logical_to_spec(("batch",), mesh=mesh, rules=rules)[0]
+    axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
+    return int(np.prod([mesh.shape[a] for a in axes]))
+
+
+def check_micro_batch(rows: int, num_micro_batches: int, mesh: Optional[Mesh], rules: Rules = DEFAULT_RULES) -> None:
+    """ValueError naming the fix when `rows` does not split into micro-batches whose rows divide
+    the batch shards of the mesh (otherwise the rules silently replicate every micro-batch on
+    every chip of an axis: each chip computes the whole batch)."""
+    if rows % num_micro_batches:
+        raise ValueError(f"batch size {rows} is not divisible by {num_micro_batches} micro-batches")
+    shards = batch_shards(mesh, rules)
+    per_micro = rows // num_micro_batches
+    if per_micro % shards:
+        fit = [m for m in range(1, rows + 1) if rows % m == 0 and (rows // m) % shards == 0]
+        hint = (f"use micro_batches={fit[-1]} (or any of {fit})" if fit else
+                f"use a batch that is a multiple of {shards} x micro_batches")
+        raise ValueError(f"{rows} rows in {num_micro_batches} micro-batches give {per_micro} rows per micro-batch, "
+                         f"which do not split over the {shards} batch shards of mesh {dict(mesh.shape)} "
+                         f"(data x fsdp): {hint}")
+
+
 def _split(batch: dict, n: int) -> dict:
+    """[B, ...] -> [n, B / n, ...] with micro-batch i = rows i, i + n, i + 2n, ...: a batch sharded
+    in contiguous row blocks then gives every micro-batch an equal share of every shard (a
+    contiguous split would put whole micro-batches on single chips)."""
     rows = {k: (jnp.shape(v)[0] if jnp.ndim(v) else None) for k, v in batch.items()}
     sizes = set(rows.values())
     if None in sizes or len(sizes) > 1:
@@ -102,7 +133,7 @@ def _split(batch: dict, n: int) -> dict:
     size = sizes.pop() if sizes else 0
     if size % n:
         raise ValueError(f"batch size {size} is not divisible by {n} micro-batches")
-    return {k: v.reshape((n, size // n) + v.shape[1:]) for k, v in batch.items()}
+    return {k: v.reshape((size // n, n) + v.shape[1:]).swapaxes(0, 1) for k, v in batch.items()}
 
 
 def make_train_step(objective, optimizer: optax.GradientTransformation, *, num_micro_batches: int = 1,
@@ -110,25 +141,44 @@ def make_train_step(objective, optimizer: optax.GradientTransformation, *, num_m
     """Returns jitted `step(state, batch) -> (state, metrics)`; the old state is donated.
 
     A step whose loss or gradient norm is not finite leaves params and optimizer state unchanged
-    and reports `train/skipped_nonfinite = 1` (training goes on).
+    and reports `train/skipped_nonfinite = 1` (training goes on). With `shardings`, the objective
+    is bound to their mesh (`objectives.on_mesh`), every micro-batch is constrained batch-sharded,
+    gradients are accumulated in the params' (FSDP) sharding, and a micro-batch whose rows do not
+    split over the batch shards is a ValueError naming the fix (`check_micro_batch`).
     """
+    mesh = None if shardings is None else shardings.step.mesh
+    objective = on_mesh(objective, mesh)
+    rules = getattr(objective, "rules", DEFAULT_RULES)
+
+    def constrain_micro(micro):
+        if mesh is None:
+            return micro
+        return {k: jax.lax.with_sharding_constraint(
+            v, named_sharding(mesh, (None, "batch") + (None,) * (v.ndim - 2), v.shape, rules)) for k, v in micro.items()}
+
+    def constrain_grads(grads):
+        return grads if shardings is None else jax.lax.with_sharding_constraint(grads, shardings.params)
 
     def step(state: TrainState, batch: dict):
         counts = objective.counts(batch)
         micro = _split(batch, num_micro_batches)
+        check_micro_batch(num_micro_batches * next(iter(micro.values())).shape[1], num_micro_batches, mesh, rules)
+        micro = constrain_micro(micro)
         grad_fn = jax.value_and_grad(objective.loss, has_aux=True)
-        first = jax.tree.map(lambda x: x[0], micro)
-        loss_shape, metric_shape = jax.eval_shape(lambda p, b: objective.loss(p, b, counts), state.params, first)
-        zeros = lambda t: jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), t)
-        init = (jnp.zeros((), jnp.float32), zeros(metric_shape),
-                jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params))
 
-        def body(acc, mb):
+        def micro_step(mb):
             (loss, metrics), grads = grad_fn(state.params, mb, counts)
-            grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
-            return jax.tree.map(jnp.add, acc, (loss, metrics, grads)), None
+            f32 = lambda t: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), t)
+            return f32(loss), f32(metrics), constrain_grads(f32(grads))
 
-        (loss, metrics, grads), _ = jax.lax.scan(body, init, micro)
+        if num_micro_batches == 1:  # no accumulator: one fp32 gradient tree less in memory
+            loss, metrics, grads = micro_step(jax.tree.map(lambda x: x[0], micro))
+        else:
+            shapes = jax.eval_shape(micro_step, jax.tree.map(lambda x: x[0], micro))
+            init = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), shapes)
+            init = init[:2] + (constrain_grads(init[2]),)
+            body = lambda acc, mb: (jax.tree.map(jnp.add, acc, micro_step(mb)), None)
+            (loss, metrics, grads), _ = jax.lax.scan(body, init, micro)
         grad_norm = optax.tree.norm(grads)
         ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         updates, new_opt = optimizer.update(grads, state.opt_state, state.params)

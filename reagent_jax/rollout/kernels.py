@@ -32,6 +32,7 @@ from reagent_jax.models import cpu_decode, cpu_gemm
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.functional import forward_with_cache
 from reagent_jax.models.qwen3 import Qwen3
+from reagent_jax.parallel.mesh import mesh_platform
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain
 from reagent_jax.rollout.sampling import CHUNK, inverse_temperature, sample_vocab_major
 
@@ -95,7 +96,7 @@ def sampling_logits(cfg: Qwen3Config, params, h: jax.Array, mesh: Optional[Mesh]
     an optimization barrier, since XLA:CPU would otherwise fold the transpose into the GEMM and
     transpose the whole weight every step (2x slower decode, measured untied)."""
     project = lambda: Qwen3(cfg, mesh, rules).apply({"params": params}, h, method=Qwen3.project)  # [B, V]
-    if jax.default_backend() != "cpu":
+    if mesh_platform(mesh) != "cpu":
         return project().T, None
     if jnp.dtype(cfg.compute_dtype) == jnp.float32:
         h32 = h.astype(jnp.float32)

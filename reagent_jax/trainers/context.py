@@ -76,12 +76,13 @@ def build_tokenizer(config, workdir: str, world=None):
 
 
 def model_config(config, tokenizer) -> models.Qwen3Config:
+    """The model of `config.model` for `tokenizer` (or a tokenizer size; a preset ignores it)."""
     m = config.model
     if m.get("preset"):
         return models.preset(m.preset, param_dtype=m.param_dtype, compute_dtype=m.compute_dtype,
                              remat_policy=m.remat_policy)
-    vocab = len(tokenizer)
-    vocab = -(-vocab // 64) * 64  # round up: friendlier shapes, room for added tokens
+    size = tokenizer if isinstance(tokenizer, int) else len(tokenizer)
+    vocab = -(-size // 64) * 64  # round up: friendlier shapes, room for added tokens
     return models.Qwen3Config(vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
                               num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
                               head_dim=m.head_dim, rope_theta=m.rope_theta, tie_word_embeddings=True,

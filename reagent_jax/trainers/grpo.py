@@ -149,7 +149,15 @@ def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strateg
                                       "strategy": getattr(strategy, "name", type(strategy).__name__)})
     ref_params = jax.tree.map(jnp.copy, params) if gcfg.beta else None  # frozen; beta 0 skips it entirely
     # reference logprobs (frozen params) and recomputed old logprobs (the step's starting params)
-    policy_lp = jax.jit(lambda p, t, m: token_logprobs(model_cfg, p, t, m, temperature=temperature))
+    policy_lp = jax.jit(lambda p, t, m: token_logprobs(model_cfg, p, t, m, temperature=temperature, mesh=ctx.mesh))
+
+    def micro_logprobs(p, b):
+        """Logprobs of a mini-batch one micro-batch of rows at a time: the pass then needs the
+        activations of a micro-batch, as the update does, not of the whole mini-batch."""
+        rows = b["tokens"].shape[0] // gcfg.micro_batches
+        return np.concatenate([np.asarray(policy_lp(p, b["tokens"][i:i + rows], b["attention_mask"][i:i + rows]))
+                               for i in range(0, b["tokens"].shape[0], rows)])
+
     buckets = default_buckets(max_len)
     n_rows = rows_per_step or gcfg.questions_per_step * gcfg.n * getattr(strategy, "rows_per_episode", 1)
     n_rows = -(-n_rows // gcfg.micro_batches) * gcfg.micro_batches
@@ -181,12 +189,12 @@ def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strateg
         if old_source == "recompute":
             t1 = time.perf_counter()
             for b in batches:
-                b["old_logprobs"] = np.asarray(policy_lp(params_now, b["tokens"], b["attention_mask"]))
+                b["old_logprobs"] = micro_logprobs(params_now, b)
             m["timing_s/old_logprobs"] = time.perf_counter() - t1
         if gcfg.beta:
             t1 = time.perf_counter()
             for b in batches:
-                b["ref_logprobs"] = np.asarray(policy_lp(ref_params, b["tokens"], b["attention_mask"]))
+                b["ref_logprobs"] = micro_logprobs(ref_params, b)
             m["timing_s/ref"] = time.perf_counter() - t1
         return batches, m
 

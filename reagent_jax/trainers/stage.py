@@ -28,8 +28,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import jax
 import numpy as np
 
-from reagent_jax import checkpoint, metrics as metrics_lib
+from reagent_jax import checkpoint, metrics as metrics_lib, perf
 from reagent_jax.models.config import Qwen3Config
+from reagent_jax.models.flops import train_flops
 from reagent_jax.models.functional import param_shapes, param_shardings
 from reagent_jax.rl import train_step as ts
 
@@ -126,6 +127,10 @@ class StageRunner:
             log.warning("%s was written with other settings; training goes on under the new ones: %s",
                         where, "; ".join(changes))
 
+    def _peak_flops(self) -> float:
+        devices = self.ctx.mesh.devices.flat if self.ctx.mesh is not None else jax.devices()[:1]
+        return perf.peak_flops(devices)
+
     @property
     def params(self):
         return self.state.params
@@ -133,6 +138,7 @@ class StageRunner:
     def _update(self, batches: list, step: int) -> dict:
         """One optimizer update per batch; metrics averaged over them (skips summed)."""
         per_update = []
+        flops = sum(train_flops(self.model_cfg, b["attention_mask"]) for b in batches if "attention_mask" in b)
         for batch in batches:
             self.state, tm = self.step_fn(self.state, ts.shard_batch(batch, self.ctx.mesh))
             per_update.append({k: float(np.asarray(v)) for k, v in jax.device_get(tm).items()})
@@ -144,6 +150,8 @@ class StageRunner:
                         int(skipped), len(batches))
         if len(batches) > 1:
             m["train/updates"] = float(len(batches))
+        if flops:
+            m["perf/model_tflops"] = flops / 1e12
         return m
 
     def run(self, batch_fn: BatchFn, after_step: Optional[Callable[[int, dict], dict]] = None):
@@ -161,6 +169,9 @@ class StageRunner:
                 else:
                     m["train/skipped_empty_batch"] = 1.0
                 m["timing_s/update_actor"] = time.perf_counter() - t1
+                if "perf/model_tflops" in m:  # model FLOPs of the update over its devices' peak
+                    m["perf/mfu"] = m["perf/model_tflops"] * 1e12 / max(m["timing_s/update_actor"], 1e-9) / \
+                        self._peak_flops()
                 m["timing_s/step"] = time.perf_counter() - t0
                 if after_step is not None:
                     m.update(after_step(step, m) or {})

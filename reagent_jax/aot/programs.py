@@ -1,0 +1,319 @@
+"""Every device program a training config's run executes, as abstract inputs (shapes, dtypes,
+shardings) that XLA can compile ahead of time for any mesh: the train step of each stage at its
+longest sequence bucket, the reference / old-logprob passes, and the rollout engine's prefill
+chunk and decode call (the policy's and, with a local Agent-RRM judge, the judge's).
+
+Each program also states what a perfect implementation of its parallelism layout needs
+(`min_link_bytes`, `min_hbm_bytes`), its model FLOPs counted from the shapes, and the bytes that
+other programs keep allocated on each chip while it runs (`resident`): the engine's KV cache and
+the reference params stay on the chips through the update, the optimizer state through rollout.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from reagent_jax import models
+from reagent_jax.models.flops import (attention_flops_per_token, dense_flops_per_token, projection_flops,
+                                      sequence_flops)
+from reagent_jax.models.functional import param_shapes, param_shardings, token_logprobs
+from reagent_jax.parallel.rules import named_sharding
+from reagent_jax.rl import objectives as obj
+from reagent_jax.rl import train_step as ts
+from reagent_jax.rollout import kernels
+
+QWEN3_TOKENIZER_SIZE = 151_669  # chat.load_tokenizer(None): 151,643 BPE ranks + Qwen3's added tokens
+ENGINE_PREFILL_ROWS = 8  # rollout.Engine's max_prefill_rows default
+ENGINE_STOP_IDS = 8  # rollout.Engine's max_stop_ids default
+
+
+@dataclasses.dataclass
+class Program:
+    name: str
+    fn: Callable  # jitted
+    args: tuple
+    kwargs: dict
+    model_flops: float  # per call, all chips together
+    min_hbm_bytes: float  # per chip per call
+    min_link_bytes: float  # per chip per call, in `hlo_stats.link_bytes` units
+    resident: dict[str, float]  # per chip: bytes other programs keep allocated meanwhile
+    notes: str = ""
+
+
+def _abstract(shapes, shardings):
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+
+
+def per_chip_bytes(tree) -> float:
+    """Bytes one device holds of a pytree of sharded ShapeDtypeStructs (the largest shard)."""
+    total = 0.0
+    for leaf in jax.tree.leaves(tree):
+        shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+        total += float(np.prod(shape)) * jnp.dtype(leaf.dtype).itemsize
+    return total
+
+
+def _replicated(mesh: Mesh, shape, dtype) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P()))
+
+
+def _batch_array(mesh: Mesh, shape, dtype) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=named_sharding(mesh, ("batch",) + (None,) * (len(shape) - 1),
+                                                                      shape))
+
+
+# ---- model arithmetic ---------------------------------------------------------------------------
+
+def _weight_bytes(cfg: models.Qwen3Config) -> float:
+    """The params once in the compute dtype (what every chip reads per pass under FSDP)."""
+    return float(cfg.num_params()) * jnp.dtype(cfg.compute_dtype).itemsize
+
+
+# ---- the model of a config ------------------------------------------------------------------------
+
+def model_config(config) -> models.Qwen3Config:
+    """`config.model` as the run builds it, without loading weights or training a tokenizer:
+    a preset, the config of `model.init_from` (HF `config.json` or a reagent_jax params dir), or
+    the small model of the fields with the tokenizer's size (compact: `tokenizer.vocab_size`)."""
+    from reagent_jax.trainers.context import model_config as from_fields
+    m = config.model
+    path = m.get("init_from", "")
+    if path and not m.get("preset"):
+        overrides = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat_policy=m.remat_policy)
+        own = os.path.join(path, "reagent_config.json")
+        if os.path.exists(own):
+            with open(own) as f:
+                return models.Qwen3Config(**{**json.load(f), **overrides})
+        return models.Qwen3Config.from_hf_json(os.path.join(path, "config.json"), **overrides)
+    t = config.tokenizer
+    size = QWEN3_TOKENIZER_SIZE if t.kind == "qwen3" else int(t.vocab_size)
+    return from_fields(config, size)
+
+
+# ---- programs -----------------------------------------------------------------------------------------
+
+def _resident_engine(cfg, mesh, num_slots: int, max_len: int) -> float:
+    shape = kernels.cache_shape(cfg, num_slots, max_len)
+    sharding = named_sharding(mesh, kernels.CACHE_AXES, shape)
+    one = jax.ShapeDtypeStruct(shape, jnp.dtype(cfg.compute_dtype), sharding=sharding)
+    return 2 * per_chip_bytes(one)
+
+
+def _fsdp_ways(mesh: Mesh) -> int:
+    return ts.batch_shards(mesh)
+
+
+def _logprob_gather_bytes(cfg, rows: int, length: int, passes: int) -> float:
+    """Vocabulary-parallel logprobs: each pass collects a chunk's hidden rows from the batch
+    shards (and, backward, reduces their gradient back)."""
+    return passes * rows * length * cfg.hidden_size * jnp.dtype(cfg.compute_dtype).itemsize
+
+
+def train_program(name: str, cfg, mesh: Mesh, objective, rows: int, length: int, micro_batches: int,
+                  optimizer_cfg: ts.OptimizerConfig, resident: dict[str, float], pairs: bool = False) -> Program:
+    optimizer = ts.make_optimizer(optimizer_cfg)
+    shardings = ts.state_shardings(param_shardings(cfg, mesh), optimizer, mesh, param_shapes(cfg))
+    state_shapes = jax.eval_shape(lambda p: ts.TrainState(jnp.zeros((), jnp.int32), p, optimizer.init(p)),
+                                  param_shapes(cfg))
+    state = _abstract(state_shapes, shardings)
+    lead = (rows, 2) if pairs else (rows,)
+    batch = {k: _batch_array(mesh, lead + (length,), jnp.int32) for k in ("tokens", "attention_mask", "loss_mask")}
+    if isinstance(objective, obj.GRPOObjective):
+        batch["old_logprobs"] = _batch_array(mesh, (rows, length), jnp.float32)
+        batch["advantages"] = _batch_array(mesh, (rows,), jnp.float32)
+        if objective.beta:
+            batch["ref_logprobs"] = _batch_array(mesh, (rows, length), jnp.float32)
+    if pairs:
+        batch["ref_logps"] = _batch_array(mesh, (rows, 2), jnp.float32)
+    step = ts.make_train_step(objective, optimizer, num_micro_batches=micro_batches, shardings=shardings)
+    seqs = rows * (2 if pairs else 1)
+    remat = cfg.remat_policy != "none"
+    fsdp = _fsdp_ways(mesh)
+    n_chips = mesh.size
+    weights = _weight_bytes(cfg)
+    passes = 3 if remat else 2  # weights gathered for the forward, the backward (and its recompute)
+    link = 0.0 if fsdp == 1 else micro_batches * (passes - 1) * weights + micro_batches * weights  # AGs + grad RS
+    link += 0.0 if fsdp == 1 else _logprob_gather_bytes(cfg, seqs // fsdp * fsdp, length, 3)
+    hbm = micro_batches * passes * weights + 24.0 * cfg.num_params() / n_chips  # weights + AdamW update
+    return Program(name, step, (state, batch), {}, 3.0 * sequence_flops(cfg, seqs, length), hbm, link, resident,
+                   notes=f"{seqs} sequences x {length} tokens in {micro_batches} micro-batches; remat "
+                         f"{cfg.remat_policy}")
+
+
+def logprob_program(name: str, cfg, mesh: Mesh, rows: int, length: int, resident: dict[str, float]) -> Program:
+    params = _abstract(param_shapes(cfg), param_shardings(cfg, mesh))
+    tokens = _batch_array(mesh, (rows, length), jnp.int32)
+    fn = jax.jit(lambda p, t, m: token_logprobs(cfg, p, t, m, mesh=mesh))
+    fsdp = _fsdp_ways(mesh)
+    link = 0.0 if fsdp == 1 else _weight_bytes(cfg) + _logprob_gather_bytes(cfg, rows, length, 1)
+    return Program(name, fn, (params, tokens, tokens), {}, sequence_flops(cfg, rows, length), _weight_bytes(cfg),
+                   link, resident, notes=f"forward only, {rows} x {length} (one micro-batch)")
+
+
+def _sampling(mesh, n):
+    return kernels.Sampling(_replicated(mesh, (n,), jnp.float32), _replicated(mesh, (n,), jnp.float32),
+                            _replicated(mesh, (n,), jnp.int32), _replicated(mesh, (n,), jnp.uint32))
+
+
+def _engine_inputs(cfg, mesh, num_slots, max_len):
+    params = _abstract(param_shapes(cfg), param_shardings(cfg, mesh))
+    shape = kernels.cache_shape(cfg, num_slots, max_len)
+    one = jax.ShapeDtypeStruct(shape, jnp.dtype(cfg.compute_dtype), sharding=named_sharding(mesh, kernels.CACHE_AXES,
+                                                                                              shape))
+    return params, (one, one)
+
+
+def prefill_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, chunk: int,
+                    resident: dict[str, float]) -> Program:
+    params, cache = _engine_inputs(cfg, mesh, num_slots, max_len)
+    rows = min(ENGINE_PREFILL_ROWS, num_slots)
+    r = lambda dtype, *shape: _replicated(mesh, shape, dtype)
+    args = (params, cache, r(jnp.int32, rows, chunk), r(jnp.int32, rows), r(jnp.int32, rows), r(jnp.int32, rows),
+            _sampling(mesh, rows))
+    fn = jax.jit(lambda p, c, t, w, s, l, smp: kernels.prefill(cfg, p, c, t, w, s, l, smp, window=max_len,
+                                                               truncation=True, mesh=mesh), donate_argnums=(1,))
+    flops = rows * chunk * (dense_flops_per_token(cfg) + attention_flops_per_token(cfg, max_len)) + \
+        rows * projection_flops(cfg)
+    window_kv = 2 * rows * cfg.num_layers * cfg.num_kv_heads * max_len * cfg.head_dim * \
+        jnp.dtype(cfg.compute_dtype).itemsize
+    fsdp = _fsdp_ways(mesh)
+    link = 0.0 if fsdp == 1 else _weight_bytes(cfg)
+    return Program(name, fn, args, {}, flops, _weight_bytes(cfg) / mesh.size + window_kv / mesh.size, link, resident,
+                   notes=f"{rows} rows x {chunk}-token chunk, window {max_len}")
+
+
+def decode_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, steps: int,
+                   resident: dict[str, float]) -> Program:
+    params, cache = _engine_inputs(cfg, mesh, num_slots, max_len)
+    r = lambda dtype, *shape: _replicated(mesh, shape, dtype)
+    n = num_slots
+    state = kernels.DecodeState(r(jnp.int32, n), r(jnp.int32, n), r(jnp.bool_, n), r(jnp.int32, n), _sampling(mesh, n),
+                                r(jnp.int32, n, ENGINE_STOP_IDS), r(jnp.bool_))
+    fn = jax.jit(lambda p, c, s: kernels.decode(cfg, p, c, s, num_steps=steps, window=max_len, truncation=True,
+                                                mesh=mesh), donate_argnums=(1,))
+    flops = steps * n * (dense_flops_per_token(cfg) + attention_flops_per_token(cfg, max_len) + projection_flops(cfg))
+    kv = 2 * per_chip_bytes(cache[0])
+    fsdp = _fsdp_ways(mesh)
+    link = 0.0 if fsdp == 1 else steps * _weight_bytes(cfg)
+    return Program(name, fn, (params, cache, state), {}, flops, steps * (_weight_bytes(cfg) / mesh.size + kv), link,
+                   resident, notes=f"{steps} fused steps x {n} slots, window {max_len} (every slot full length)")
+
+
+def _opt(block) -> ts.OptimizerConfig:
+    return ts.OptimizerConfig(learning_rate=float(block.get("learning_rate", 1e-5)),
+                              max_grad_norm=float(block.get("max_grad_norm", 1.0)))
+
+
+def _grpo_rows(config, block_name: str) -> int:
+    g = config[block_name]
+    per_episode = 2 if config.get("strategy") == "reagent_u" and block_name == "grpo" else 1
+    rows = g.questions_per_step * g.n * per_episode
+    rows = -(-rows // g.micro_batches) * g.micro_batches
+    mini = int(g.get("mini_batches", 1))
+    cap = -(-rows // mini)
+    return -(-cap // g.micro_batches) * g.micro_batches
+
+
+def _grpo_programs(config, name, cfg, mesh, length, resident, engine_resident) -> list[Program]:
+    g = config[name]
+    rows = _grpo_rows(config, name)
+    temperature = float(config.agent.temperature) if name == "grpo" else 1.0
+    objective = obj.GRPOObjective(cfg, eps_low=g.eps_low, eps_high=g.eps_high, dual_clip_c=g.dual_clip_c, beta=g.beta,
+                                  kl_kind=g.kl_kind, loss_agg_mode=g.loss_agg_mode, temperature=temperature)
+    train_resident = dict(engine_resident)
+    if g.beta:
+        train_resident["reference params"] = per_chip_bytes(_abstract(param_shapes(cfg), param_shardings(cfg, mesh)))
+    out = [train_program(f"{name}/train_step", cfg, mesh, objective, rows, length, g.micro_batches, _opt(g),
+                         {**resident, **train_resident})]
+    per_micro = rows // g.micro_batches
+    if g.beta:
+        out.append(logprob_program(f"{name}/ref_logprobs", cfg, mesh, per_micro, length,
+                                   {**resident, **train_resident, **_opt_state_bytes(cfg, mesh, g)}))
+    if g.get("old_logprobs", "rollout") == "recompute":
+        out.append(logprob_program(f"{name}/old_logprobs", cfg, mesh, per_micro, length,
+                                   {**resident, **train_resident, **_opt_state_bytes(cfg, mesh, g)}))
+    return out
+
+
+def _opt_state_bytes(cfg, mesh, block) -> dict[str, float]:
+    optimizer = ts.make_optimizer(_opt(block))
+    shardings = ts.state_shardings(param_shardings(cfg, mesh), optimizer, mesh, param_shapes(cfg))
+    shapes = jax.eval_shape(optimizer.init, param_shapes(cfg))
+    return {"optimizer state": per_chip_bytes(_abstract(shapes, shardings.opt_state))}
+
+
+def _engine_programs(prefix, cfg, mesh, r, max_len, resident) -> list[Program]:
+    return [prefill_program(f"{prefix}/prefill", cfg, mesh, r.num_slots, max_len, min(r.prefill_chunk, max_len),
+                            resident),
+            decode_program(f"{prefix}/decode", cfg, mesh, r.num_slots, max_len, int(r.get("decode_steps", 8)),
+                           resident)]
+
+
+def agent_programs(config, cfg, mesh: Mesh) -> list[Program]:
+    stages = [s.strip() for s in config.stages.split(",") if s.strip()]
+    r = config.rollout
+    engine = {"engine KV cache": _resident_engine(cfg, mesh, r.num_slots, r.max_len)}
+    out: list[Program] = []
+    if any(s.startswith("rrm_") for s in stages):
+        rrm_len = int(config.rrm.max_len)
+        if "rrm_sft" in stages:
+            b = config.rrm_sft
+            out.append(train_program("rrm_sft/train_step", cfg, mesh, obj.SFTObjective(cfg), b.batch_size,
+                                     min(b.max_len, rrm_len), b.micro_batches, _opt(b), dict(engine)))
+        if "rrm_grpo" in stages:
+            judge_engine = {"judge engine KV cache": _resident_engine(cfg, mesh, r.num_slots, rrm_len)}
+            out += _grpo_programs(config, "rrm_grpo", cfg, mesh, rrm_len, dict(engine), judge_engine)
+    if "sft" in stages:
+        b = config.sft
+        out.append(train_program("sft/train_step", cfg, mesh,
+                                 obj.SFTObjective(cfg, context_weight=float(b.get("context_loss_weight", 0.0))),
+                                 b.batch_size, b.max_len, b.micro_batches, _opt(b), dict(engine)))
+    judge_resident = {}
+    if config.get("strategy", "grpo") != "grpo" and config.rrm.judge == "local":
+        judge_resident = {"judge engine KV cache": _resident_engine(cfg, mesh, r.num_slots, int(config.rrm.max_len))}
+    if "grpo" in stages:
+        out += _grpo_programs(config, "grpo", cfg, mesh, r.max_len, judge_resident, engine)
+    policy_state = _opt_state_bytes(cfg, mesh, config.grpo if "grpo" in stages else config.sft)
+    out += _engine_programs("rollout", cfg, mesh, r, r.max_len, {**policy_state, **judge_resident})
+    if judge_resident:
+        out += _engine_programs("judge", cfg, mesh, r, int(config.rrm.max_len),
+                                {**policy_state, **engine, "judge params": per_chip_bytes(
+                                    _abstract(param_shapes(cfg), param_shardings(cfg, mesh)))})
+    return out
+
+
+def evalplanner_programs(config, cfg, mesh: Mesh) -> list[Program]:
+    stages = [s.strip() for s in config.stages.split(",") if s.strip()]
+    r = config.rollout
+    engine = {"engine KV cache": _resident_engine(cfg, mesh, r.num_slots, r.max_len)}
+    out: list[Program] = []
+    for stage, block in (("judge_seed", config.seed_judge), ("judge_sft", config.sft)):
+        if stage in stages:
+            out.append(train_program(f"{stage}/train_step", cfg, mesh, obj.SFTObjective(cfg), block.batch_size,
+                                     block.max_len, block.micro_batches, _opt(block), dict(engine)))
+    if "judge_dpo" in stages:
+        d = config.dpo
+        dpo = obj.DPOObjective(cfg, loss_type=d.loss_type, beta=d.beta, label_smoothing=d.label_smoothing,
+                               nll_coef=d.nll_coef)
+        out.append(train_program("judge_dpo/train_step", cfg, mesh, dpo, d.batch_size, d.max_len, d.micro_batches,
+                                 _opt(d), dict(engine), pairs=True))
+        out.append(logprob_program("judge_dpo/ref_logprobs", cfg, mesh, 2 * d.batch_size, d.max_len,
+                                   {**engine, **_opt_state_bytes(cfg, mesh, d)}))
+    out += _engine_programs("rollout", cfg, mesh, r, r.max_len, _opt_state_bytes(cfg, mesh, config.sft))
+    return out
+
+
+def run_programs(config, mesh: Mesh) -> tuple[models.Qwen3Config, list[Program]]:
+    """(model config, every device program of `config`'s run on `mesh`)."""
+    cfg = model_config(config)
+    if config.get("pipeline", "agent") == "evalplanner":
+        return cfg, evalplanner_programs(config, cfg, mesh)
+    return cfg, agent_programs(config, cfg, mesh)
+
