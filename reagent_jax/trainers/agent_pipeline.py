@@ -215,7 +215,8 @@ def run(config, workdir: str) -> dict:
         engine.stop_background()
 
     wall = time.perf_counter() - t_start
-    table = metrics_lib.markdown_table(rows)
+    table = (metrics_lib.markdown_table(rows) if rows else
+             "(no held-out evaluation: no questions in data.eval_path / eval.num_questions)")
     summary = {"table": rows, "wall_s": wall, "engine": engine.stats(), "workdir": workdir}
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=str)
