@@ -53,6 +53,9 @@ def main(argv):
         print(f"note: the run itself would first need: {e}", file=sys.stderr)
     from reagent_jax.aot.check import check_config, format_table
     try:
+        bad = [o for o in FLAGS.xla if "=" not in o]
+        if bad:
+            raise ValueError(f"--xla wants key=value, got {bad}")
         options = dict(o.split("=", 1) for o in FLAGS.xla)
         report = check_config(config, FLAGS.topology, mesh_preset=FLAGS.mesh, hbm_gib=FLAGS.hbm_gib,
                               hlo_dir=FLAGS.hlo_dir, only=FLAGS.only, compiler_options=options)

@@ -62,8 +62,8 @@ def is_params_dir(directory: str) -> bool:
     return os.path.exists(os.path.join(directory, _CONFIG))
 
 
-def load_params(directory: str, mesh: Optional[Mesh] = None, **config_overrides):
-    """Reads a `save_params` directory -> (cfg, params), sharded by the rules when a mesh is given."""
+def load_config(directory: str, **config_overrides) -> Qwen3Config:
+    """The model config of a `save_params` directory (no arrays are read)."""
     directory = os.path.abspath(directory)
     path = os.path.join(directory, _CONFIG)
     if not os.path.exists(path):
@@ -73,7 +73,13 @@ def load_params(directory: str, mesh: Optional[Mesh] = None, **config_overrides)
             saved = json.load(f)
     except ValueError as e:
         raise ValueError(f"{path} is not valid JSON ({e}): the checkpoint was not completely written") from e
-    cfg = Qwen3Config(**{**saved, **config_overrides})
+    return Qwen3Config(**{**saved, **config_overrides})
+
+
+def load_params(directory: str, mesh: Optional[Mesh] = None, **config_overrides):
+    """Reads a `save_params` directory -> (cfg, params), sharded by the rules when a mesh is given."""
+    directory = os.path.abspath(directory)
+    cfg = load_config(directory, **config_overrides)
     shapes = param_shapes(cfg)
     if mesh is not None:
         shardings = param_shardings(cfg, mesh)

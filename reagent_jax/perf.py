@@ -3,6 +3,7 @@ FLOP/s and memory bandwidth (the denominators of MFU and roofline fractions), me
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Callable
@@ -49,7 +50,9 @@ def memory_bandwidth(mb: int = 256, iters: int = 5) -> float:
     return 2.0 * n * 4 / median(time_calls(lambda: f(x), iters=iters, warmup=2))
 
 
-_MEASURED_PEAK: dict[str, float] = {}
+@functools.lru_cache(maxsize=1)
+def _measured_peak() -> float:
+    return matmul_peak_flops(n=1024, iters=3)
 
 
 def peak_flops(devices) -> float:
@@ -60,9 +63,7 @@ def peak_flops(devices) -> float:
     spec = chip_spec(devices[0])
     if spec is not None and spec.peak_tflops:
         return spec.peak_tflops * 1e12 * len(devices)
-    if "measured" not in _MEASURED_PEAK:
-        _MEASURED_PEAK["measured"] = matmul_peak_flops(n=1024, iters=3)
-    return _MEASURED_PEAK["measured"] * (1 if devices[0].platform == "cpu" else len(devices))
+    return _measured_peak() * (1 if devices[0].platform == "cpu" else len(devices))
 
 
 def peak_memory_bytes() -> int:

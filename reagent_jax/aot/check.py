@@ -92,10 +92,11 @@ def compile_program(p: Program, devices, budget: float, hlo_dir: Optional[str] =
     rep.total_bytes = rep.program_bytes + resident
     rep.fits = rep.total_bytes <= budget
     text = compiled.as_text()
-    rep.collective_bytes = hlo_stats.collective_bytes(text)
+    hlo = hlo_stats.parse(text)
+    rep.collective_bytes = hlo_stats.collective_bytes(hlo)
     rep.link_bytes = hlo_stats.link_bytes(rep.collective_bytes)
     rep.link_vs_min = rep.link_bytes / p.min_link_bytes if p.min_link_bytes else None
-    rep.large_copies = sorted(hlo_stats.large_copies(text, 64 * 1024 ** 2), key=lambda c: -c[1] * c[2])[:5]
+    rep.large_copies = sorted(hlo_stats.large_copies(hlo, 64 * 1024 ** 2), key=lambda c: -c[1] * c[2])[:5]
     if hlo_dir:
         os.makedirs(hlo_dir, exist_ok=True)
         with open(os.path.join(hlo_dir, p.name.replace("/", "__") + ".hlo.txt"), "w") as f:

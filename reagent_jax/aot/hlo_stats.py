@@ -57,8 +57,13 @@ def _split_type(rest: str) -> tuple[str, str, str]:
     return type_text, op.strip(), args
 
 
-class _Instr(collections.namedtuple("_Instr", "name type op args")):
-    pass
+_Instr = collections.namedtuple("_Instr", "name type op args")
+
+
+def parse(hlo: str) -> tuple[dict[str, list[_Instr]], str]:
+    """Optimised HLO text -> (computation name -> its instructions, the entry computation's name);
+    `collective_bytes` and `large_copies` take the text or this, so a program is read once."""
+    return hlo if isinstance(hlo, tuple) else _computations(hlo)
 
 
 def _computations(hlo: str) -> tuple[dict[str, list[_Instr]], str]:
@@ -128,11 +133,11 @@ def _walk(comps, entry, into_fusions: bool = True) -> Iterator[tuple[_Instr, int
     yield from visit(entry, 1)
 
 
-def collective_bytes(hlo: str) -> dict[str, float]:
+def collective_bytes(hlo) -> dict[str, float]:
     """Bytes per collective kind (see the module docstring), loops unrolled by their trip counts.
     The TPU compiler writes a reduce-scatter as an all-reduce + dynamic-slice inside an
     `all-reduce-scatter` fusion: counted as the reduce-scatter it is."""
-    comps, entry = _computations(hlo)
+    comps, entry = parse(hlo)
     out = {k: 0.0 for k in KINDS}
     rs_fusions = {name for name in comps if name.startswith("all-reduce-scatter")}
     rs_members = {ins.name for name in rs_fusions for ins in comps[name]}
@@ -158,10 +163,10 @@ def link_bytes(by_kind: dict[str, float]) -> float:
     return sum(v * (2.0 if k == "all-reduce" else 1.0) for k, v in by_kind.items())
 
 
-def large_copies(hlo: str, min_bytes: float) -> list[tuple[str, float, int]]:
+def large_copies(hlo, min_bytes: float) -> list[tuple[str, float, int]]:
     """(name, bytes, executions) of `copy` ops whose result is at least `min_bytes` (a copy of a
     KV cache or a weight stack shows up here)."""
-    comps, entry = _computations(hlo)
+    comps, entry = parse(hlo)
     out = []
     for ins, mult, _ in _walk(comps, entry, into_fusions=False):
         if ins.op in ("copy", "copy-start"):

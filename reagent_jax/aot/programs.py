@@ -11,7 +11,6 @@ the reference params stay on the chips through the update, the optimizer state t
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Callable
 
@@ -20,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from reagent_jax import models
+from reagent_jax import checkpoint, models
 from reagent_jax.models.flops import (attention_flops_per_token, dense_flops_per_token, projection_flops,
                                       sequence_flops)
 from reagent_jax.models.functional import param_shapes, param_shardings, token_logprobs
@@ -60,6 +59,25 @@ def per_chip_bytes(tree) -> float:
     return total
 
 
+def _params(cfg, mesh: Mesh):
+    """The params as the trainer (and, for now, the engine) shards them."""
+    return _abstract(param_shapes(cfg), param_shardings(cfg, mesh))
+
+
+def _train_state(cfg, mesh: Mesh, optimizer) -> ts.TrainState:
+    shardings = ts.state_shardings(param_shardings(cfg, mesh), optimizer, mesh, param_shapes(cfg))
+    shapes = jax.eval_shape(lambda p: ts.TrainState(jnp.zeros((), jnp.int32), p, optimizer.init(p)), param_shapes(cfg))
+    return _abstract(shapes, shardings)
+
+
+def _cache(cfg, mesh: Mesh, num_slots: int, max_len: int):
+    """The engine's (k, v) KV cache."""
+    shape = kernels.cache_shape(cfg, num_slots, max_len)
+    one = jax.ShapeDtypeStruct(shape, jnp.dtype(cfg.compute_dtype),
+                               sharding=named_sharding(mesh, kernels.CACHE_AXES, shape))
+    return one, one
+
+
 def _replicated(mesh: Mesh, shape, dtype) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P()))
 
@@ -87,10 +105,8 @@ def model_config(config) -> models.Qwen3Config:
     path = m.get("init_from", "")
     if path and not m.get("preset"):
         overrides = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat_policy=m.remat_policy)
-        own = os.path.join(path, "reagent_config.json")
-        if os.path.exists(own):
-            with open(own) as f:
-                return models.Qwen3Config(**{**json.load(f), **overrides})
+        if checkpoint.is_params_dir(path):
+            return checkpoint.load_config(path, **overrides)
         return models.Qwen3Config.from_hf_json(os.path.join(path, "config.json"), **overrides)
     t = config.tokenizer
     size = QWEN3_TOKENIZER_SIZE if t.kind == "qwen3" else int(t.vocab_size)
@@ -100,14 +116,7 @@ def model_config(config) -> models.Qwen3Config:
 # ---- programs -----------------------------------------------------------------------------------------
 
 def _resident_engine(cfg, mesh, num_slots: int, max_len: int) -> float:
-    shape = kernels.cache_shape(cfg, num_slots, max_len)
-    sharding = named_sharding(mesh, kernels.CACHE_AXES, shape)
-    one = jax.ShapeDtypeStruct(shape, jnp.dtype(cfg.compute_dtype), sharding=sharding)
-    return 2 * per_chip_bytes(one)
-
-
-def _fsdp_ways(mesh: Mesh) -> int:
-    return ts.batch_shards(mesh)
+    return per_chip_bytes(_cache(cfg, mesh, num_slots, max_len))
 
 
 def _logprob_gather_bytes(cfg, rows: int, length: int, passes: int) -> float:
@@ -119,10 +128,7 @@ def _logprob_gather_bytes(cfg, rows: int, length: int, passes: int) -> float:
 def train_program(name: str, cfg, mesh: Mesh, objective, rows: int, length: int, micro_batches: int,
                   optimizer_cfg: ts.OptimizerConfig, resident: dict[str, float], pairs: bool = False) -> Program:
     optimizer = ts.make_optimizer(optimizer_cfg)
-    shardings = ts.state_shardings(param_shardings(cfg, mesh), optimizer, mesh, param_shapes(cfg))
-    state_shapes = jax.eval_shape(lambda p: ts.TrainState(jnp.zeros((), jnp.int32), p, optimizer.init(p)),
-                                  param_shapes(cfg))
-    state = _abstract(state_shapes, shardings)
+    state = _train_state(cfg, mesh, optimizer)
     lead = (rows, 2) if pairs else (rows,)
     batch = {k: _batch_array(mesh, lead + (length,), jnp.int32) for k in ("tokens", "attention_mask", "loss_mask")}
     if isinstance(objective, obj.GRPOObjective):
@@ -132,27 +138,28 @@ def train_program(name: str, cfg, mesh: Mesh, objective, rows: int, length: int,
             batch["ref_logprobs"] = _batch_array(mesh, (rows, length), jnp.float32)
     if pairs:
         batch["ref_logps"] = _batch_array(mesh, (rows, 2), jnp.float32)
+    shardings = jax.tree.map(lambda s: s.sharding, state)
     step = ts.make_train_step(objective, optimizer, num_micro_batches=micro_batches, shardings=shardings)
     seqs = rows * (2 if pairs else 1)
-    remat = cfg.remat_policy != "none"
-    fsdp = _fsdp_ways(mesh)
-    n_chips = mesh.size
     weights = _weight_bytes(cfg)
-    passes = 3 if remat else 2  # weights gathered for the forward, the backward (and its recompute)
-    link = 0.0 if fsdp == 1 else micro_batches * (passes - 1) * weights + micro_batches * weights  # AGs + grad RS
-    link += 0.0 if fsdp == 1 else _logprob_gather_bytes(cfg, seqs // fsdp * fsdp, length, 3)
-    hbm = micro_batches * passes * weights + 24.0 * cfg.num_params() / n_chips  # weights + AdamW update
+    # weight passes per micro-batch: read for the forward and the backward (+ the recomputed forward);
+    # over the links the weights are gathered once per pass but the backward shares its gather with
+    # the recompute, and the gradient is reduce-scattered once
+    passes = 3 if cfg.remat_policy != "none" else 2
+    link = 0.0
+    if ts.batch_shards(mesh) > 1:
+        link = micro_batches * passes * weights + _logprob_gather_bytes(cfg, seqs, length, 3)
+    hbm = micro_batches * passes * weights + 24.0 * cfg.num_params() / mesh.size  # weights + AdamW update
     return Program(name, step, (state, batch), {}, 3.0 * sequence_flops(cfg, seqs, length), hbm, link, resident,
                    notes=f"{seqs} sequences x {length} tokens in {micro_batches} micro-batches; remat "
                          f"{cfg.remat_policy}")
 
 
 def logprob_program(name: str, cfg, mesh: Mesh, rows: int, length: int, resident: dict[str, float]) -> Program:
-    params = _abstract(param_shapes(cfg), param_shardings(cfg, mesh))
+    params = _params(cfg, mesh)
     tokens = _batch_array(mesh, (rows, length), jnp.int32)
     fn = jax.jit(lambda p, t, m: token_logprobs(cfg, p, t, m, mesh=mesh))
-    fsdp = _fsdp_ways(mesh)
-    link = 0.0 if fsdp == 1 else _weight_bytes(cfg) + _logprob_gather_bytes(cfg, rows, length, 1)
+    link = 0.0 if ts.batch_shards(mesh) == 1 else _weight_bytes(cfg) + _logprob_gather_bytes(cfg, rows, length, 1)
     return Program(name, fn, (params, tokens, tokens), {}, sequence_flops(cfg, rows, length), _weight_bytes(cfg),
                    link, resident, notes=f"forward only, {rows} x {length} (one micro-batch)")
 
@@ -162,17 +169,9 @@ def _sampling(mesh, n):
                             _replicated(mesh, (n,), jnp.int32), _replicated(mesh, (n,), jnp.uint32))
 
 
-def _engine_inputs(cfg, mesh, num_slots, max_len):
-    params = _abstract(param_shapes(cfg), param_shardings(cfg, mesh))
-    shape = kernels.cache_shape(cfg, num_slots, max_len)
-    one = jax.ShapeDtypeStruct(shape, jnp.dtype(cfg.compute_dtype), sharding=named_sharding(mesh, kernels.CACHE_AXES,
-                                                                                              shape))
-    return params, (one, one)
-
-
 def prefill_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, chunk: int,
                     resident: dict[str, float]) -> Program:
-    params, cache = _engine_inputs(cfg, mesh, num_slots, max_len)
+    params, cache = _params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len)
     rows = min(ENGINE_PREFILL_ROWS, num_slots)
     r = lambda dtype, *shape: _replicated(mesh, shape, dtype)
     args = (params, cache, r(jnp.int32, rows, chunk), r(jnp.int32, rows), r(jnp.int32, rows), r(jnp.int32, rows),
@@ -183,15 +182,14 @@ def prefill_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, ch
         rows * projection_flops(cfg)
     window_kv = 2 * rows * cfg.num_layers * cfg.num_kv_heads * max_len * cfg.head_dim * \
         jnp.dtype(cfg.compute_dtype).itemsize
-    fsdp = _fsdp_ways(mesh)
-    link = 0.0 if fsdp == 1 else _weight_bytes(cfg)
+    link = 0.0 if ts.batch_shards(mesh) == 1 else _weight_bytes(cfg)
     return Program(name, fn, args, {}, flops, _weight_bytes(cfg) / mesh.size + window_kv / mesh.size, link, resident,
                    notes=f"{rows} rows x {chunk}-token chunk, window {max_len}")
 
 
 def decode_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, steps: int,
                    resident: dict[str, float]) -> Program:
-    params, cache = _engine_inputs(cfg, mesh, num_slots, max_len)
+    params, cache = _params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len)
     r = lambda dtype, *shape: _replicated(mesh, shape, dtype)
     n = num_slots
     state = kernels.DecodeState(r(jnp.int32, n), r(jnp.int32, n), r(jnp.bool_, n), r(jnp.int32, n), _sampling(mesh, n),
@@ -199,9 +197,8 @@ def decode_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, ste
     fn = jax.jit(lambda p, c, s: kernels.decode(cfg, p, c, s, num_steps=steps, window=max_len, truncation=True,
                                                 mesh=mesh), donate_argnums=(1,))
     flops = steps * n * (dense_flops_per_token(cfg) + attention_flops_per_token(cfg, max_len) + projection_flops(cfg))
-    kv = 2 * per_chip_bytes(cache[0])
-    fsdp = _fsdp_ways(mesh)
-    link = 0.0 if fsdp == 1 else steps * _weight_bytes(cfg)
+    kv = per_chip_bytes(cache)
+    link = 0.0 if ts.batch_shards(mesh) == 1 else steps * _weight_bytes(cfg)
     return Program(name, fn, (params, cache, state), {}, flops, steps * (_weight_bytes(cfg) / mesh.size + kv), link,
                    resident, notes=f"{steps} fused steps x {n} slots, window {max_len} (every slot full length)")
 
@@ -229,7 +226,7 @@ def _grpo_programs(config, name, cfg, mesh, length, resident, engine_resident) -
                                   kl_kind=g.kl_kind, loss_agg_mode=g.loss_agg_mode, temperature=temperature)
     train_resident = dict(engine_resident)
     if g.beta:
-        train_resident["reference params"] = per_chip_bytes(_abstract(param_shapes(cfg), param_shardings(cfg, mesh)))
+        train_resident["reference params"] = per_chip_bytes(_params(cfg, mesh))
     out = [train_program(f"{name}/train_step", cfg, mesh, objective, rows, length, g.micro_batches, _opt(g),
                          {**resident, **train_resident})]
     per_micro = rows // g.micro_batches
@@ -243,10 +240,7 @@ def _grpo_programs(config, name, cfg, mesh, length, resident, engine_resident) -
 
 
 def _opt_state_bytes(cfg, mesh, block) -> dict[str, float]:
-    optimizer = ts.make_optimizer(_opt(block))
-    shardings = ts.state_shardings(param_shardings(cfg, mesh), optimizer, mesh, param_shapes(cfg))
-    shapes = jax.eval_shape(optimizer.init, param_shapes(cfg))
-    return {"optimizer state": per_chip_bytes(_abstract(shapes, shardings.opt_state))}
+    return {"optimizer state": per_chip_bytes(_train_state(cfg, mesh, ts.make_optimizer(_opt(block))).opt_state)}
 
 
 def _engine_programs(prefix, cfg, mesh, r, max_len, resident) -> list[Program]:
@@ -284,8 +278,7 @@ def agent_programs(config, cfg, mesh: Mesh) -> list[Program]:
     out += _engine_programs("rollout", cfg, mesh, r, r.max_len, {**policy_state, **judge_resident})
     if judge_resident:
         out += _engine_programs("judge", cfg, mesh, r, int(config.rrm.max_len),
-                                {**policy_state, **engine, "judge params": per_chip_bytes(
-                                    _abstract(param_shapes(cfg), param_shardings(cfg, mesh)))})
+                                {**policy_state, **engine, "judge params": per_chip_bytes(_params(cfg, mesh))})
     return out
 
 

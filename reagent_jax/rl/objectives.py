@@ -63,11 +63,11 @@ def _check_batch(objective: str, batch, spec: dict[str, list[_Dims]], optional: 
 
 def on_mesh(objective, mesh: Optional[Mesh], rules: Optional[Rules] = None):
     """The objective with `mesh` (and `rules`) bound; ValueError if it is already bound to another mesh."""
-    if mesh is None or not dataclasses.is_dataclass(objective) or "mesh" not in {
-            f.name for f in dataclasses.fields(objective)} or objective.mesh is mesh:
+    current = getattr(objective, "mesh", mesh)  # an objective without a mesh field is left as it is
+    if mesh is None or current is mesh:
         return objective
-    if objective.mesh is not None and objective.mesh != mesh:
-        raise ValueError(f"{type(objective).__name__} runs on mesh {dict(objective.mesh.shape)} but the train state "
+    if current is not None and current != mesh:
+        raise ValueError(f"{type(objective).__name__} runs on mesh {dict(current.shape)} but the train state "
                          f"lives on mesh {dict(mesh.shape)}; build both from the same mesh")
     return dataclasses.replace(objective, mesh=mesh, rules=objective.rules if rules is None else rules)
 

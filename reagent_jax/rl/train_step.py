@@ -162,7 +162,7 @@ def make_train_step(objective, optimizer: optax.GradientTransformation, *, num_m
     def step(state: TrainState, batch: dict):
         counts = objective.counts(batch)
         micro = _split(batch, num_micro_batches)
-        check_micro_batch(num_micro_batches * next(iter(micro.values())).shape[1], num_micro_batches, mesh, rules)
+        check_micro_batch(jnp.shape(next(iter(batch.values())))[0], num_micro_batches, mesh, rules)
         micro = constrain_micro(micro)
         grad_fn = jax.value_and_grad(objective.loss, has_aux=True)
 
