@@ -113,6 +113,36 @@ def test_hlo_shows_fsdp(compiled):
     assert grpo["link_vs_min"] <= 1.5, grpo
 
 
+# The engine's programs at TPU-shaped minor dims (bf16, head_dim 128: a tiny cache would be staged
+# in on-chip memory whatever its layout), 2 KV heads -> tensor 2 x data 2 on v5e:2x2.
+ENGINE = ["--config.model.hidden_size=256", "--config.model.intermediate_size=512", "--config.model.num_layers=2",
+          "--config.model.num_heads=4", "--config.model.num_kv_heads=2", "--config.model.head_dim=128",
+          "--config.model.compute_dtype=bfloat16", "--config.tokenizer.vocab_size=1024",
+          "--config.rollout.max_len=2048", "--config.rollout.num_slots=16", "--config.rollout.prefill_chunk=128",
+          "--config.sft.max_len=128", "--config.grpo.micro_batches=1", "--only=rollout"]
+
+
+def test_engine_programs_read_their_tensor_parallel_shard_and_copy_no_cache(tmp_path):
+    """The engine runs on its own layout: bf16 weights split over the tensor axis and read where
+    they lie (the weights each chip takes = total / tensor; no weight all-gather in decode, where
+    the trainer's FSDP layout gathered every layer per step), and no cache-sized copy in decode
+    (a single all-layers scatter of the new K/V made XLA:TPU copy the cache twice per step)."""
+    _libtpu_or_skip()
+    proc, report, _ = _run("v5e:2x2", tmp_path, *ENGINE)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    progs = {p["name"]: p for p in report["programs"]}
+    assert set(progs) == {"rollout/prefill", "rollout/decode"}
+    n = report["model"]["num_params"]
+    norms = 2 * (2 * 256 + 2 * 128) + 256  # replicated RMSNorm scales
+    for p in progs.values():
+        assert "engine mesh data 2 x tensor 2" in p["notes"]
+        assert p["weight_bytes"] == pytest.approx((n - norms) * 2 / 2 + norms * 2)  # bf16, split over tensor 2
+        assert p["fits"] and p["resident"]["trainer params"] > 0
+    decode = progs["rollout/decode"]
+    assert decode["large_copies"] == [], decode["large_copies"]
+    assert decode["collective_bytes"]["all-gather"] < 0.01 * decode["weight_bytes"]
+
+
 def test_a_program_over_budget_fails_with_the_compilers_numbers(tmp_path):
     _libtpu_or_skip()
     proc, report, _ = _run("v5e:2x2", tmp_path, "--hbm_gib=0.001", "--only=grpo/train_step")

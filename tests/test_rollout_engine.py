@@ -270,7 +270,7 @@ def test_update_params_recompiles_nothing(model):
     assert compiles == [] and eng.stats()["compiles"] == before
     assert [o.tokens for o in outs] == greedy_reference(cfg, new, prompts, 12)
     with pytest.raises(ValueError, match="expected"):
-        eng.update_params(jax.tree.map(lambda x: x.astype(jnp.bfloat16), params))
+        eng.update_params(jax.tree.map(lambda x: x[..., :1] if x.ndim >= 2 else x, params))
 
 
 def test_agent_threads_with_background_driver(model):
@@ -301,23 +301,74 @@ def test_agent_threads_with_background_driver(model):
     assert threaded == list(zip(first, second))
 
 
-def test_a_failing_kernel_ends_only_its_sequences(model):
+@pytest.mark.parametrize("raise_errors", [True, False])
+def test_a_failing_kernel_ends_only_its_sequences(model, raise_errors):
     """A kernel that cannot run (here: weights of the wrong shape, slipped past update_params)
-    fails the sequences of that call with an "error" result; the engine keeps serving."""
+    fails the sequences of that call; by default the driver raises EngineError, with
+    raise_errors=False (servers) they get an "error" result. Either way the engine keeps serving."""
     cfg, params = model
-    eng = rollout.Engine(cfg, params, **KW)
+    eng = rollout.Engine(cfg, params, raise_errors=raise_errors, **KW)
     paused = eng.start(prompts_of((5,), seed=17)[0], GREEDY.replace(max_new_tokens=2), multi_turn=True)
     assert eng.wait(paused).finish_reason == "length"
     good = eng._params
     eng._params = jax.tree.map(lambda x: x[..., :-1] if x.ndim >= 2 else x, good)
-    bad = eng.generate(prompts_of((6, 7), seed=18), GREEDY.replace(max_new_tokens=3))
-    assert [o.finish_reason for o in bad] == ["error", "error"] and "prefill kernel failed" in bad[0].error
+    if raise_errors:
+        with pytest.raises(rollout.EngineError, match="prefill kernel failed.*raise_errors=False"):
+            eng.generate(prompts_of((6, 7), seed=18), GREEDY.replace(max_new_tokens=3))
+    else:
+        bad = eng.generate(prompts_of((6, 7), seed=18), GREEDY.replace(max_new_tokens=3))
+        assert [o.finish_reason for o in bad] == ["error", "error"] and "prefill kernel failed" in bad[0].error
     eng._params = good
     outs = eng.generate(prompts_of((6, 7), seed=18), GREEDY.replace(max_new_tokens=3))
     assert [o.tokens for o in outs] == greedy_reference(cfg, params, prompts_of((6, 7), seed=18), 3)
     eng.append(paused, [9], then_resume=GREEDY.replace(max_new_tokens=2))  # its cache survived
     assert eng.wait(paused).finish_reason == "length"
     eng.release(paused)
+
+
+def test_engine_error_reaches_waiters_of_a_background_driver(model):
+    """With a background driver the EngineError stops it and every wait() raises it, instead of
+    the caller blocking or reading an error row; start_background() serves again."""
+    cfg, params = model
+    eng = rollout.Engine(cfg, params, **KW)
+    eng.free_weights()
+    eng.start_background()
+    try:
+        sid = eng.start(prompts_of((6,), seed=19)[0], GREEDY.replace(max_new_tokens=3))
+        with pytest.raises(rollout.EngineError, match="weights were freed.*update_params"):
+            eng.wait(sid, timeout=60)
+        eng.update_params(params)
+        eng.start_background()
+        sid = eng.start(prompts_of((6,), seed=19)[0], GREEDY.replace(max_new_tokens=3))
+        assert eng.wait(sid, timeout=60).tokens == greedy_reference(cfg, params, prompts_of((6,), seed=19), 3)[0]
+    finally:
+        eng.stop_background()
+
+
+def test_engine_keeps_its_own_weights_when_the_train_step_donates(model):
+    """The engine copies the weights it is given (cast to the compute dtype, on its own layout),
+    so a train step that donates the state it was built from cannot delete them; a donated tree
+    handed to update_params is refused with the fix in the message."""
+    from reagent_jax.rl import objectives, train_step
+    cfg, params = model
+    optimizer = train_step.make_optimizer(train_step.OptimizerConfig(learning_rate=1e-2))
+    state = train_step.init_state(jax.tree.map(jnp.copy, params), optimizer)
+    eng = rollout.Engine(cfg, state.params, **KW)
+    prompts = prompts_of((6, 9), seed=20)
+    before = eng.generate(prompts, GREEDY.replace(max_new_tokens=4))
+    step = train_step.make_train_step(objectives.SFTObjective(cfg), optimizer)
+    tokens = np.asarray(prompts_of((12, 12), seed=21))
+    batch = {"tokens": tokens, "attention_mask": np.ones_like(tokens), "loss_mask": np.ones_like(tokens)}
+    old = state
+    state, _ = step(state, batch)
+    assert jax.tree.leaves(old.params)[0].is_deleted()  # donated
+    again = eng.generate(prompts, GREEDY.replace(max_new_tokens=4))
+    assert [o.tokens for o in again] == [o.tokens for o in before] and all(o.finish_reason == "length" for o in again)
+    with pytest.raises(ValueError, match="deleted or donated.*update_params\\(state.params\\)"):
+        eng.update_params(old.params)
+    eng.update_params(state.params)
+    outs = eng.generate(prompts, GREEDY.replace(max_new_tokens=4))
+    assert [o.tokens for o in outs] == greedy_reference(cfg, state.params, prompts, 4)
 
 
 def test_default_shape_buckets(model):
@@ -328,3 +379,41 @@ def test_default_shape_buckets(model):
     assert rollout.geometric_buckets(1, 8) == (1, 2, 4, 8) and rollout.geometric_buckets(256, 100, 4) == (100,)
     with pytest.raises(ValueError, match="largest length bucket 64 must be >= prefill_chunk=512"):
         rollout.Engine(cfg, params, num_slots=4, max_len=3000, prefill_chunk=512, length_buckets=(64,))
+
+
+def test_bf16_engine_runs_on_cpu(model):
+    """bf16 compute on CPU (issue: XLA:CPU has no bf16 x bf16 -> f32 kernel for the batched
+    attention products, so two ~443-token rows failed every call): the engine holds bf16 weights
+    and its first-token logprobs stay within bf16 rounding of the fp32 engine's."""
+    cfg, params = model
+    cfg16 = cfg.replace(compute_dtype="bfloat16")
+    prompts = prompts_of((443, 421), seed=22)
+    kw = dict(KW, max_len=512, window_buckets=(512,))
+    eng16 = rollout.Engine(cfg16, params, **kw)
+    assert {x.dtype for x in jax.tree.leaves(eng16._params)} == {jnp.dtype(jnp.bfloat16)}
+    outs16 = eng16.generate(prompts, GREEDY.replace(max_new_tokens=3))
+    outs32 = rollout.Engine(cfg, params, **kw).generate(prompts, GREEDY.replace(max_new_tokens=3))
+    assert [o.finish_reason for o in outs16] == ["length", "length"]
+    for a, b in zip(outs16, outs32):
+        assert abs(a.logprobs[0] - b.logprobs[0]) < 0.5 and np.isfinite(a.logprobs).all()  # bf16 logits: ~0.2 off
+
+
+def test_accelerator_cache_order_gives_the_same_tokens(model, monkeypatch):
+    """The accelerator KV-cache order [L, N, S, K, D] (`models.kv_layout`), run here on CPU by
+    forcing it: prefill, fused decode and a multi-turn append give the greedy tokens of
+    models.forward, as the CPU order does."""
+    from reagent_jax.models import kv_layout
+    monkeypatch.setattr(kv_layout, "heads_major", lambda mesh: False)
+    cfg, params = model
+    eng = rollout.Engine(cfg, params, **KW)
+    assert eng._cache[0].shape == (cfg.num_layers, KW["num_slots"], KW["max_len"], cfg.num_kv_heads, cfg.head_dim)
+    prompts = prompts_of((5, 40, 9), seed=23)
+    outs = eng.generate(prompts, GREEDY.replace(max_new_tokens=12))
+    assert [o.tokens for o in outs] == greedy_reference(cfg, params, prompts, 12)
+    sid = eng.start(prompts[0], GREEDY.replace(max_new_tokens=4), multi_turn=True)
+    first = eng.wait(sid).tokens
+    eng.append(sid, [7, 8, 9], then_resume=GREEDY.replace(max_new_tokens=4))
+    second = eng.wait(sid).tokens
+    assert first + [7, 8, 9] + second == greedy_reference(cfg, params, [prompts[0]], 4)[0] + [7, 8, 9] + \
+        greedy_reference(cfg, params, [prompts[0] + greedy_reference(cfg, params, [prompts[0]], 4)[0] + [7, 8, 9]], 4)[0]
+    eng.release(sid)

@@ -48,7 +48,8 @@ class ProgramReport:
     link_vs_min: Optional[float] = None
     compile_s: float = 0.0
     resident: dict = dataclasses.field(default_factory=dict)
-    large_copies: list = dataclasses.field(default_factory=list)  # (op, bytes, executions) of copies >= 64 MiB
+    large_copies: list = dataclasses.field(default_factory=list)  # (op, bytes, executions) of copies >= Program.large_copy_bytes
+    weight_bytes: float = 0.0  # per device: weights taken as arguments (engine programs; 0 = not reported)
 
 
 def _budget(devices, hbm_gib: Optional[float]) -> float:
@@ -64,7 +65,8 @@ def compile_program(p: Program, devices, budget: float, hlo_dir: Optional[str] =
     spec = chips.chip_spec(devices[0])
     resident = float(sum(p.resident.values()))
     rep = ProgramReport(p.name, p.notes, fits=False, compiled=False, resident_bytes=resident, budget_bytes=budget,
-                        model_flops=p.model_flops, min_link_bytes=p.min_link_bytes, resident=dict(p.resident))
+                        model_flops=p.model_flops, min_link_bytes=p.min_link_bytes, resident=dict(p.resident),
+                        weight_bytes=p.weight_bytes)
     if spec and spec.peak_tflops:
         n = len(devices)
         rep.roofline_s = max(p.model_flops / n / (spec.peak_tflops * 1e12), p.min_hbm_bytes / (spec.hbm_gbps * 1e9))
@@ -96,7 +98,7 @@ def compile_program(p: Program, devices, budget: float, hlo_dir: Optional[str] =
     rep.collective_bytes = hlo_stats.collective_bytes(hlo)
     rep.link_bytes = hlo_stats.link_bytes(rep.collective_bytes)
     rep.link_vs_min = rep.link_bytes / p.min_link_bytes if p.min_link_bytes else None
-    rep.large_copies = sorted(hlo_stats.large_copies(hlo, 64 * 1024 ** 2), key=lambda c: -c[1] * c[2])[:5]
+    rep.large_copies = sorted(hlo_stats.large_copies(hlo, p.large_copy_bytes), key=lambda c: -c[1] * c[2])[:5]
     if hlo_dir:
         os.makedirs(hlo_dir, exist_ok=True)
         with open(os.path.join(hlo_dir, p.name.replace("/", "__") + ".hlo.txt"), "w") as f:

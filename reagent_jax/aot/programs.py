@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from reagent_jax import checkpoint, models
+from reagent_jax.models import kv_layout
 from reagent_jax.models.flops import (attention_flops_per_token, dense_flops_per_token, projection_flops,
                                       sequence_flops)
 from reagent_jax.models.functional import param_shapes, param_shardings, token_logprobs
@@ -27,6 +28,7 @@ from reagent_jax.parallel.rules import named_sharding
 from reagent_jax.rl import objectives as obj
 from reagent_jax.rl import train_step as ts
 from reagent_jax.rollout import kernels
+from reagent_jax.rollout.layout import ENGINE_RULES, engine_dtype, engine_mesh, engine_shardings
 
 QWEN3_TOKENIZER_SIZE = 151_669  # chat.load_tokenizer(None): 151,643 BPE ranks + Qwen3's added tokens
 ENGINE_PREFILL_ROWS = 8  # rollout.Engine's max_prefill_rows default
@@ -44,6 +46,8 @@ class Program:
     min_link_bytes: float  # per chip per call, in `hlo_stats.link_bytes` units
     resident: dict[str, float]  # per chip: bytes other programs keep allocated meanwhile
     notes: str = ""
+    weight_bytes: float = 0.0  # per chip: the weights the program takes as arguments (engine programs)
+    large_copy_bytes: float = 64 * 1024 ** 2  # a copy at least this big is reported (engine: one cache tensor)
 
 
 def _abstract(shapes, shardings):
@@ -60,8 +64,17 @@ def per_chip_bytes(tree) -> float:
 
 
 def _params(cfg, mesh: Mesh):
-    """The params as the trainer (and, for now, the engine) shards them."""
+    """The params as the trainer shards them."""
     return _abstract(param_shapes(cfg), param_shardings(cfg, mesh))
+
+
+def _engine_params(cfg, mesh: Mesh):
+    """The engine's own copy: compute dtype, on the engine's (tensor-parallel) mesh."""
+    shapes = param_shapes(cfg)
+    emesh = engine_mesh(mesh, cfg)
+    cast = lambda s: jax.ShapeDtypeStruct(s.shape, engine_dtype(cfg) if jnp.issubdtype(s.dtype, jnp.floating)
+                                          else s.dtype)
+    return _abstract(jax.tree.map(cast, shapes), engine_shardings(cfg, emesh, shapes))
 
 
 def _train_state(cfg, mesh: Mesh, optimizer) -> ts.TrainState:
@@ -71,10 +84,11 @@ def _train_state(cfg, mesh: Mesh, optimizer) -> ts.TrainState:
 
 
 def _cache(cfg, mesh: Mesh, num_slots: int, max_len: int):
-    """The engine's (k, v) KV cache."""
-    shape = kernels.cache_shape(cfg, num_slots, max_len)
+    """The engine's (k, v) KV cache, on the engine's mesh."""
+    emesh = engine_mesh(mesh, cfg)
+    shape = kernels.cache_shape(cfg, num_slots, max_len, emesh)
     one = jax.ShapeDtypeStruct(shape, jnp.dtype(cfg.compute_dtype),
-                               sharding=named_sharding(mesh, kernels.CACHE_AXES, shape))
+                               sharding=named_sharding(emesh, kv_layout.cache_axes(emesh), shape, ENGINE_RULES))
     return one, one
 
 
@@ -169,38 +183,58 @@ def _sampling(mesh, n):
                             _replicated(mesh, (n,), jnp.int32), _replicated(mesh, (n,), jnp.uint32))
 
 
+def _tp_link_bytes(cfg, emesh: Mesh, tokens_per_chip: float) -> float:
+    """Tensor parallelism's minimum: two all-reduces of the tokens' [embed] activations per layer
+    (after attention and after the MLP), in `hlo_stats.link_bytes` units (an all-reduce counts
+    twice)."""
+    if emesh.shape["tensor"] == 1:
+        return 0.0
+    return 2 * 2 * cfg.num_layers * tokens_per_chip * cfg.hidden_size * jnp.dtype(cfg.compute_dtype).itemsize
+
+
 def prefill_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, chunk: int,
                     resident: dict[str, float]) -> Program:
-    params, cache = _params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len)
+    emesh = engine_mesh(mesh, cfg)
+    params, cache = _engine_params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len)
     rows = min(ENGINE_PREFILL_ROWS, num_slots)
-    r = lambda dtype, *shape: _replicated(mesh, shape, dtype)
+    r = lambda dtype, *shape: _replicated(emesh, shape, dtype)
     args = (params, cache, r(jnp.int32, rows, chunk), r(jnp.int32, rows), r(jnp.int32, rows), r(jnp.int32, rows),
-            _sampling(mesh, rows))
+            _sampling(emesh, rows))
     fn = jax.jit(lambda p, c, t, w, s, l, smp: kernels.prefill(cfg, p, c, t, w, s, l, smp, window=max_len,
-                                                               truncation=True, mesh=mesh), donate_argnums=(1,))
+                                                               truncation=True, mesh=emesh, rules=ENGINE_RULES),
+                 donate_argnums=(1,))
     flops = rows * chunk * (dense_flops_per_token(cfg) + attention_flops_per_token(cfg, max_len)) + \
         rows * projection_flops(cfg)
     window_kv = 2 * rows * cfg.num_layers * cfg.num_kv_heads * max_len * cfg.head_dim * \
         jnp.dtype(cfg.compute_dtype).itemsize
-    link = 0.0 if ts.batch_shards(mesh) == 1 else _weight_bytes(cfg)
-    return Program(name, fn, args, {}, flops, _weight_bytes(cfg) / mesh.size + window_kv / mesh.size, link, resident,
-                   notes=f"{rows} rows x {chunk}-token chunk, window {max_len}")
+    weights = per_chip_bytes(params)
+    link = _tp_link_bytes(cfg, emesh, rows * chunk / emesh.shape["data"])
+    return Program(name, fn, args, {}, flops, weights + window_kv / mesh.size, link, resident,
+                   notes=f"{rows} rows x {chunk}-token chunk, window {max_len}; engine mesh {_mesh_str(emesh)}",
+                   weight_bytes=weights, large_copy_bytes=min(64 * 1024 ** 2, per_chip_bytes(cache[0])))
 
 
 def decode_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, steps: int,
                    resident: dict[str, float]) -> Program:
-    params, cache = _params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len)
-    r = lambda dtype, *shape: _replicated(mesh, shape, dtype)
+    emesh = engine_mesh(mesh, cfg)
+    params, cache = _engine_params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len)
+    r = lambda dtype, *shape: _replicated(emesh, shape, dtype)
     n = num_slots
-    state = kernels.DecodeState(r(jnp.int32, n), r(jnp.int32, n), r(jnp.bool_, n), r(jnp.int32, n), _sampling(mesh, n),
-                                r(jnp.int32, n, ENGINE_STOP_IDS), r(jnp.bool_))
+    state = kernels.DecodeState(r(jnp.int32, n), r(jnp.int32, n), r(jnp.bool_, n), r(jnp.int32, n),
+                                _sampling(emesh, n), r(jnp.int32, n, ENGINE_STOP_IDS), r(jnp.bool_))
     fn = jax.jit(lambda p, c, s: kernels.decode(cfg, p, c, s, num_steps=steps, window=max_len, truncation=True,
-                                                mesh=mesh), donate_argnums=(1,))
+                                                mesh=emesh, rules=ENGINE_RULES), donate_argnums=(1,))
     flops = steps * n * (dense_flops_per_token(cfg) + attention_flops_per_token(cfg, max_len) + projection_flops(cfg))
-    kv = per_chip_bytes(cache)
-    link = 0.0 if ts.batch_shards(mesh) == 1 else steps * _weight_bytes(cfg)
-    return Program(name, fn, (params, cache, state), {}, flops, steps * (_weight_bytes(cfg) / mesh.size + kv), link,
-                   resident, notes=f"{steps} fused steps x {n} slots, window {max_len} (every slot full length)")
+    weights, kv = per_chip_bytes(params), per_chip_bytes(cache)
+    link = steps * _tp_link_bytes(cfg, emesh, n / emesh.shape["data"])
+    return Program(name, fn, (params, cache, state), {}, flops, steps * (weights + kv), link, resident,
+                   notes=f"{steps} fused steps x {n} slots, window {max_len} (every slot full length); engine mesh "
+                         f"{_mesh_str(emesh)}", weight_bytes=weights,
+                   large_copy_bytes=min(64 * 1024 ** 2, per_chip_bytes(cache[0])))
+
+
+def _mesh_str(mesh: Mesh) -> str:
+    return " x ".join(f"{k} {v}" for k, v in mesh.shape.items() if v > 1) or "one device"
 
 
 def _opt(block) -> ts.OptimizerConfig:
@@ -250,42 +284,54 @@ def _engine_programs(prefix, cfg, mesh, r, max_len, resident) -> list[Program]:
                            resident)]
 
 
+def _engine_weights(cfg, mesh: Mesh) -> float:
+    return per_chip_bytes(_engine_params(cfg, mesh))
+
+
 def agent_programs(config, cfg, mesh: Mesh) -> list[Program]:
+    """What stays resident: the policy engine's KV cache always; its weights during SFT and the
+    judge's calls, but not during a GRPO update (the trainer frees them after the rollouts and
+    syncs a fresh copy each step, `timing_s/sync_weights`); the trainer's params and optimizer
+    state during rollouts; a local judge's weights and KV cache throughout."""
     stages = [s.strip() for s in config.stages.split(",") if s.strip()]
     r = config.rollout
     engine = {"engine KV cache": _resident_engine(cfg, mesh, r.num_slots, r.max_len)}
+    engine_weights = {"engine weights": _engine_weights(cfg, mesh)}
     out: list[Program] = []
     if any(s.startswith("rrm_") for s in stages):
         rrm_len = int(config.rrm.max_len)
         if "rrm_sft" in stages:
             b = config.rrm_sft
             out.append(train_program("rrm_sft/train_step", cfg, mesh, obj.SFTObjective(cfg), b.batch_size,
-                                     min(b.max_len, rrm_len), b.micro_batches, _opt(b), dict(engine)))
+                                     min(b.max_len, rrm_len), b.micro_batches, _opt(b), {**engine, **engine_weights}))
         if "rrm_grpo" in stages:
             judge_engine = {"judge engine KV cache": _resident_engine(cfg, mesh, r.num_slots, rrm_len)}
-            out += _grpo_programs(config, "rrm_grpo", cfg, mesh, rrm_len, dict(engine), judge_engine)
+            out += _grpo_programs(config, "rrm_grpo", cfg, mesh, rrm_len, {**engine, **engine_weights}, judge_engine)
     if "sft" in stages:
         b = config.sft
         out.append(train_program("sft/train_step", cfg, mesh,
                                  obj.SFTObjective(cfg, context_weight=float(b.get("context_loss_weight", 0.0))),
-                                 b.batch_size, b.max_len, b.micro_batches, _opt(b), dict(engine)))
+                                 b.batch_size, b.max_len, b.micro_batches, _opt(b), {**engine, **engine_weights}))
     judge_resident = {}
     if config.get("strategy", "grpo") != "grpo" and config.rrm.judge == "local":
-        judge_resident = {"judge engine KV cache": _resident_engine(cfg, mesh, r.num_slots, int(config.rrm.max_len))}
+        judge_resident = {"judge engine KV cache": _resident_engine(cfg, mesh, r.num_slots, int(config.rrm.max_len)),
+                          "judge engine weights": _engine_weights(cfg, mesh)}
     if "grpo" in stages:
         out += _grpo_programs(config, "grpo", cfg, mesh, r.max_len, judge_resident, engine)
-    policy_state = _opt_state_bytes(cfg, mesh, config.grpo if "grpo" in stages else config.sft)
+    policy_state = {"trainer params": per_chip_bytes(_params(cfg, mesh)),
+                    **_opt_state_bytes(cfg, mesh, config.grpo if "grpo" in stages else config.sft)}
     out += _engine_programs("rollout", cfg, mesh, r, r.max_len, {**policy_state, **judge_resident})
     if judge_resident:
         out += _engine_programs("judge", cfg, mesh, r, int(config.rrm.max_len),
-                                {**policy_state, **engine, "judge params": per_chip_bytes(_params(cfg, mesh))})
+                                {**policy_state, **engine, **engine_weights})
     return out
 
 
 def evalplanner_programs(config, cfg, mesh: Mesh) -> list[Program]:
     stages = [s.strip() for s in config.stages.split(",") if s.strip()]
     r = config.rollout
-    engine = {"engine KV cache": _resident_engine(cfg, mesh, r.num_slots, r.max_len)}
+    engine = {"engine KV cache": _resident_engine(cfg, mesh, r.num_slots, r.max_len),
+              "engine weights": _engine_weights(cfg, mesh)}
     out: list[Program] = []
     for stage, block in (("judge_seed", config.seed_judge), ("judge_sft", config.sft)):
         if stage in stages:
@@ -299,7 +345,8 @@ def evalplanner_programs(config, cfg, mesh: Mesh) -> list[Program]:
                                  _opt(d), dict(engine), pairs=True))
         out.append(logprob_program("judge_dpo/ref_logprobs", cfg, mesh, 2 * d.batch_size, d.max_len,
                                    {**engine, **_opt_state_bytes(cfg, mesh, d)}))
-    out += _engine_programs("rollout", cfg, mesh, r, r.max_len, _opt_state_bytes(cfg, mesh, config.sft))
+    out += _engine_programs("rollout", cfg, mesh, r, r.max_len, {"trainer params": per_chip_bytes(_params(cfg, mesh)),
+                                                                 **_opt_state_bytes(cfg, mesh, config.sft)})
     return out
 
 

@@ -22,17 +22,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from reagent_jax.models import cpu_gemm
+from reagent_jax.models import cpu_gemm, kv_layout
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.qwen3 import rope_tables
-from reagent_jax.parallel.mesh import mesh_platform
 
 
 def usable(cfg: Qwen3Config, params, cache, rows: int, mesh: Optional[Mesh] = None) -> bool:
     """True when `decode_layers` can run this step: CPU with AVX-512, fp32 params, compute and
     cache, no device mesh, one cache row per token row, and widths (hidden, MLP, head dim) that are
     multiples of 16 (head dim <= 256). Decided at trace time from static facts."""
-    if cpu_gemm.mode() == "xla" or mesh_platform(mesh) != "cpu" or (mesh is not None and mesh.size > 1):
+    if cpu_gemm.mode() == "xla" or not kv_layout.heads_major(mesh) or (mesh is not None and mesh.size > 1):
         return False
     if jnp.dtype(cfg.compute_dtype) != jnp.float32 or cache[0].dtype != jnp.float32 or cache[0].shape[1] != rows:
         return False

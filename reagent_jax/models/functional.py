@@ -88,8 +88,8 @@ def forward_with_cache(cfg: Qwen3Config, params, tokens: jax.Array, cache, write
                        rules: Rules = DEFAULT_RULES, return_hidden: bool = False):
     """Appends tokens [B, T] to a KV cache and returns (logits [B, T, V] fp32, cache).
 
-    cache = (k, v), each [L, N, K, S, D] (N cache rows >= B). Row b of `tokens` belongs to cache
-    row slot_ids[b] (default b); its tokens land at write_index[b] + t and attend to every cached
+    cache = (k, v), each `kv_layout.cache_shape` ([L, N, K, S, D] on CPU; N cache rows >= B). Row b
+    of `tokens` belongs to cache row slot_ids[b] (default b); its tokens land at write_index[b] + t and attend to every cached
     position <= their own (positions = cache indices). Writes past S are dropped: give padding
     rows write_index >= S. The cache is donated (updated in place). return_hidden gives the final
     hidden states [B, T, E] instead of logits (for the sampler's own projection).

@@ -5,8 +5,8 @@ untied embeddings, separate param/compute dtypes, `nn.scan` over layers (unrolle
 `scan_layers=False`, so the param layout is the same), remat policies, logical axis names on every
 parameter (via `nn.with_logical_partitioning`) and activation (via `parallel.constrain`).
 
-One code path serves training and sampling: with `cache=(k, v)` (each [L, B, K, S, D]) the new
-tokens' keys/values are scattered into the cache at `cache_index[b] + t` and attention runs over
+One code path serves training and sampling: with `cache=(k, v)` (each [L, B, K, S, D] on CPU,
+[L, B, S, K, D] on accelerators: `kv_layout`) the new tokens' keys/values are scattered into the cache at `cache_index[b] + t` and attention runs over
 the whole cache, causally by absolute position. Rows of a batch may hold different lengths.
 
 Einsum letters: b batch, t query time, s key time, e embed, h q heads, k kv heads, g q heads per
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from reagent_jax.models import cpu_gemm
+from reagent_jax.models import cpu_gemm, kv_layout
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.parallel.mesh import mesh_platform
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain
@@ -30,12 +30,25 @@ _NEG = -1e30  # finite "minus infinity": fully masked (padding) rows stay finite
 LONG_ATTENTION = 2048  # longer sequences recompute attention probabilities per query block (see causal_attention)
 
 
-def _mm(eq: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    """einsum accumulated and written in fp32, then cast to a's dtype. Same values as a bf16
-    einsum with fp32 accumulation, but XLA:CPU's bf16 GEMM writing bf16 ran ~5x slower than
-    the one writing fp32 (2048^3: 220 vs 1,230 GFLOP/s); on GPU/TPU the cast normally fuses into
-    the matmul."""
-    return jnp.einsum(eq, a, b, preferred_element_type=jnp.float32).astype(a.dtype)
+def _f32_einsum(eq: str, a: jax.Array, b: jax.Array, mesh: Optional[Mesh] = None) -> jax.Array:
+    """einsum accumulated and written in fp32. On CPU, batched products of low-precision
+    operands are widened to fp32 first (exact: the same fp32 products): XLA:CPU's DotThunk has
+    no bf16 x bf16 -> f32 kernel for some batched shapes ("UNIMPLEMENTED: Unsupported element
+    type for DotThunk::Execute", e.g. the attention PV product of two 443-token rows), which made
+    every bf16 engine call on CPU fail."""
+    lhs, rest = eq.split(",")
+    rhs, out = rest.split("->")
+    batched = any(c in rhs and c in out for c in lhs)
+    if batched and a.dtype != jnp.float32 and mesh_platform(mesh) == "cpu":
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    return jnp.einsum(eq, a, b, preferred_element_type=jnp.float32)
+
+
+def _mm(eq: str, a: jax.Array, b: jax.Array, mesh: Optional[Mesh] = None) -> jax.Array:
+    """`_f32_einsum`, then cast to a's dtype. Same values as a bf16 einsum with fp32
+    accumulation, but XLA:CPU's bf16 GEMM writing bf16 ran ~5x slower than the one writing fp32
+    (2048^3: 220 vs 1,230 GFLOP/s); on GPU/TPU the cast normally fuses into the matmul."""
+    return _f32_einsum(eq, a, b, mesh).astype(a.dtype)
 
 
 def _dense(eq: str, x: jax.Array, w: jax.Array, mesh: Optional[Mesh]) -> jax.Array:
@@ -126,10 +139,11 @@ def causal_blocks(t: int, min_block: int = 128, max_blocks: int = 8, max_block: 
     return list(zip([0] + ends[:-1], ends))
 
 
-def causal_attention(qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+def causal_attention(qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
+                     mesh: Optional[Mesh] = None) -> jax.Array:
     """Softmax attention without a cache. qg [b,t,k,g,d]; k, v [b,s=t,k,d]; mask [b,t,s] must be
     causal (key s > query t never visible; `attention_mask` builds such masks). Returns
-    [b,t,k,g,d].
+    [b,t,k,g,d]. mesh: where it runs (for `_f32_einsum`).
 
     Why not one einsum: on XLA:CPU the straightforward form ran at ~30 GFLOP/s. Here queries go
     in causal blocks that skip keys past the block's end, the g query heads of a kv head are
@@ -144,11 +158,11 @@ def causal_attention(qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
 
     def block(q_blk, kt, vt, m):  # q_blk [b,k,(g tq),d]; kt, vt [b,k,s,d]; m [b,tq,s]
         tq, s = m.shape[1], m.shape[2]
-        scores = jnp.einsum("bkmd,bksd->bkms", q_blk, kt, preferred_element_type=jnp.float32) * scale
+        scores = _f32_einsum("bkmd,bksd->bkms", q_blk, kt, mesh) * scale
         scores = jnp.where(m[:, None, None], scores.reshape(b, nk, g, tq, s), _NEG)
         e = jnp.exp(scores - jax.lax.stop_gradient(scores.max(axis=-1, keepdims=True)))  # [b,k,g,tq,s]
         z = e.sum(axis=-1)  # [b,k,g,tq]
-        o = _mm("bkms,bksd->bkmd", e.reshape(b, nk, g * tq, s).astype(dt), vt)
+        o = _mm("bkms,bksd->bkmd", e.reshape(b, nk, g * tq, s).astype(dt), vt, mesh)
         return o.reshape(b, nk, g, tq, d) / z[..., None].astype(dt)
 
     # Long sequences: recompute each block's probabilities in its own backward pass instead of
@@ -215,28 +229,29 @@ class Attention(nn.Module):
         qg = q.reshape(b, t, c.num_kv_heads, c.num_groups, c.head_dim)
         scale = c.head_dim ** -0.5
         if layer_cache is None:
-            out = causal_attention(qg, k, v, mask, scale)
+            out = causal_attention(qg, k, v, mask, scale, self.mesh)
         else:
             # Two-part softmax over (cached positions < write_index) and (new tokens, causal): the
             # cache is only read here; the new K/V are returned and scattered once after the layer
             # loop, so a decode step never copies the cache.
-            ck, cv = layer_cache  # [n, k, S, d]
+            ck, cv = layer_cache  # [n, k, S, d] on CPU, [n, S, k, d] on accelerators (models.kv_layout)
+            kv = "bksd" if kv_layout.heads_major(self.mesh) else "bskd"
             if slot_ids is not None:
-                ck, cv = ck[slot_ids], cv[slot_ids]  # [b, k, S, d]
+                ck, cv = ck[slot_ids], cv[slot_ids]  # [b, ...]
             ck, cv = ck.astype(dt), cv.astype(dt)
-            old_valid = jnp.arange(ck.shape[2])[None, :] < write_index[:, None]  # [b, S]
-            s_old = jnp.einsum("btkgd,bksd->bkgts", qg, ck, preferred_element_type=jnp.float32) * scale
+            old_valid = jnp.arange(ck.shape[kv.index("s")])[None, :] < write_index[:, None]  # [b, S]
+            s_old = _f32_einsum(f"btkgd,{kv}->bkgts", qg, ck, self.mesh) * scale
             s_old = jnp.where(old_valid[:, None, None, None, :], s_old, _NEG)
-            s_new = jnp.einsum("btkgd,bukd->bkgtu", qg, k, preferred_element_type=jnp.float32) * scale
+            s_new = _f32_einsum("btkgd,bukd->bkgtu", qg, k, self.mesh) * scale
             s_new = jnp.where(mask[:, None, None], s_new, _NEG)
             m = jnp.maximum(s_old.max(-1), s_new.max(-1))[..., None]
             e_old, e_new = jnp.exp(s_old - m), jnp.exp(s_new - m)
             z = e_old.sum(-1, keepdims=True) + e_new.sum(-1, keepdims=True)
-            if t == 1 and mesh_platform(self.mesh) == "cpu":  # accelerators keep the einsums (measured on CPU only)
+            if t == 1 and kv_layout.heads_major(self.mesh):  # CPU; accelerators keep the einsums (measured on CPU only)
                 out = decode_step_values(e_old / z, cv, e_new / z, v)
             else:
-                out = (_mm("bkgts,bksd->btkgd", (e_old / z).astype(dt), cv)
-                       + _mm("bkgtu,bukd->btkgd", (e_new / z).astype(dt), v))
+                out = (_mm(f"bkgts,{kv}->btkgd", (e_old / z).astype(dt), cv, self.mesh)
+                       + _mm("bkgtu,bukd->btkgd", (e_new / z).astype(dt), v, self.mesh))
         out = out.reshape(b, t, c.num_heads, c.head_dim)
         out = constrain(out, ("batch", "act_len", "act_heads", None), self.mesh, self.rules)
         y = _dense("bthd,hde->bte", out, wo, self.mesh)
@@ -284,6 +299,24 @@ class DecoderLayer(nn.Module):
         return x, new_kv
 
 
+def _write_layers(cache: jax.Array, new: jax.Array, rows: jax.Array, t_idx: jax.Array,
+                  mesh: Optional[Mesh]) -> jax.Array:
+    """cache [l, n, k, S, d] (CPU) or [l, n, S, k, d] with new [l, b, t, k, d] written at rows [b] x
+    t_idx [b, t].
+
+    On accelerators one scatter per layer: a single scatter of all layers ([b, t, l, k, d]
+    windows) made XLA:TPU keep the cache in a layers-minor layout for it and copy the whole
+    cache to the layer scan's layers-major layout and back in every decode step (two
+    cache-sized copies per step, measured with launch/compile_check.py). On CPU the single
+    scatter is ~15% faster for a bench-256 prefill, so it stays there."""
+    if kv_layout.heads_major(mesh):  # CPU
+        # cache[:, rows[b], :, t_idx[b, t]] is [b, t, l, k, d] (NumPy rules for split indices)
+        return cache.at[:, rows[:, None], :, t_idx].set(new.transpose(1, 2, 0, 3, 4).astype(cache.dtype), mode="drop")
+    for layer in range(cache.shape[0]):  # cache[layer, rows[b], t_idx[b, t]] is [b, t, k, d]
+        cache = cache.at[layer, rows[:, None], t_idx].set(new[layer].astype(cache.dtype), mode="drop")
+    return cache
+
+
 _REMAT = {
     "full": None,
     "dots_saveable": jax.checkpoint_policies.checkpoint_dots,
@@ -319,12 +352,10 @@ class Qwen3(nn.Module):
         c = self.cfg
         x = constrain(self.embed(tokens), ("batch", "act_len", "act_embed"), self.mesh, self.rules)  # [b, t, e]
         x, new_kv = self.layers(x, cache, positions, mask, write_index, slot_ids)  # new_kv: [l, b, t, k, d]
-        if cache is not None:  # one in-place scatter of every layer's new K/V (the cache is donated)
+        if cache is not None:  # in-place scatters of the new K/V (the cache is donated)
             rows = jnp.arange(tokens.shape[0]) if slot_ids is None else slot_ids
             t_idx = write_index[:, None] + jnp.arange(tokens.shape[1])[None, :]  # [b, t]; OOB writes drop
-            # cache[:, rows[b], :, t_idx[b, t]] is [b, t, l, k, d] (NumPy rules for split indices)
-            cache = tuple(cc.at[:, rows[:, None], :, t_idx].set(nk.transpose(1, 2, 0, 3, 4).astype(cc.dtype), mode="drop")
-                          for cc, nk in zip(cache, new_kv))
+            cache = tuple(_write_layers(cc, nk, rows, t_idx, self.mesh) for cc, nk in zip(cache, new_kv))
         h = self.final_norm(x)
         if return_hidden:
             return h, cache

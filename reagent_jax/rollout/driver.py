@@ -17,11 +17,17 @@ import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from reagent_jax.models.config import Qwen3Config
-from reagent_jax.models.functional import param_shardings
-from reagent_jax.parallel.rules import DEFAULT_RULES, Rules
+from reagent_jax.parallel.rules import Rules
 from reagent_jax.rollout import kernels
+from reagent_jax.rollout.layout import ENGINE_RULES, WeightSync, engine_mesh
 from reagent_jax.rollout.batches import decode_state, decode_window, needs_truncation, prefill_batch
 from reagent_jax.rollout.session import DECODE, DONE, PAUSED, PREFILL, Result, Session, turn_end
+
+
+class EngineError(RuntimeError):
+    """A device call of the engine failed (not one bad request): raised to whoever drives the
+    engine, unless it was built with raise_errors=False (servers), where the sequences of that
+    call end with finish_reason "error" instead."""
 
 
 class Driver:
@@ -31,9 +37,12 @@ class Driver:
     def __init__(self, cfg: Qwen3Config, params, *, num_slots: int, max_len: int, prefill_chunk: int,
                  max_prefill_rows: int, length_buckets: Optional[Sequence[int]], row_buckets: Optional[Sequence[int]],
                  window_buckets: Optional[Sequence[int]], decode_steps: int, max_stop_ids: int,
-                 mesh: Optional[Mesh], rules: Rules = DEFAULT_RULES,
-                 decode_fn: Optional[Callable[[list[int]], str]] = None, cache_dtype=None):
-        self.cfg, self.mesh, self.rules = cfg, mesh, rules
+                 mesh: Optional[Mesh], rules: Optional[Rules] = None,
+                 decode_fn: Optional[Callable[[list[int]], str]] = None, cache_dtype=None,
+                 tensor_parallel: Optional[int] = None, raise_errors: bool = True):
+        self.cfg, self.mesh = cfg, engine_mesh(mesh, cfg, tensor_parallel)
+        self.rules = ENGINE_RULES if rules is None else rules
+        self.raise_errors = raise_errors
         self.num_slots, self.max_len, self.prefill_chunk = num_slots, max_len, prefill_chunk
         self.max_prefill_rows = min(max_prefill_rows, num_slots)
         self.length_buckets = tuple(sorted(length_buckets or kernels.geometric_buckets(32, prefill_chunk, 4)))
@@ -46,9 +55,9 @@ class Driver:
         self.window_buckets = tuple(sorted({min(w, max_len) for w in windows} | {max_len}))
         self.decode_steps, self.max_stop_ids = decode_steps, max_stop_ids
         self.decode_fn = decode_fn
-        self._param_sharding = (param_shardings(cfg, mesh, rules) if mesh is not None
-                                else jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), params))
-        self._params = self._place(params)
+        self._sync = WeightSync(cfg, self.mesh, params, self.rules)
+        self._param_shapes = [tuple(x.shape) for x in jax.tree.leaves(params)]
+        self._params = self._sync(params)
         self._cache_dtype = cache_dtype
         self._cache = self._new_cache()
         self._lock = threading.Lock()
@@ -62,6 +71,7 @@ class Driver:
         self._times = collections.Counter()
         self._shapes: set[str] = set()
         self._last_error = ""
+        self._call_error: Optional[BaseException] = None
 
     def _step(self, claim: bool) -> tuple[list[Result], bool]:
         """One round; returns (turns that ended, whether any device work ran). With claim, the
@@ -90,6 +100,10 @@ class Driver:
                         del self._sessions[s.sid]
             if events:
                 self._cond.notify_all()
+        if self._call_error is not None:
+            cause, self._call_error = self._call_error, None
+            raise EngineError(f"{self._last_error} (the sequences of that call ended with finish_reason \"error\"; "
+                              "build the engine with raise_errors=False to keep serving the others)") from cause
         return events, worked
 
     def _admit(self) -> None:
@@ -196,11 +210,18 @@ class Driver:
         self._shapes.add(f"{name}[{'x'.join(map(str, np.shape(jax.tree.leaves(arrays)[0])))},w{kw['window']}"
                          + (",truncation]" if kw.get("truncation") else "]"))
         t0 = time.perf_counter()
+        if self._params is None:
+            self._last_error = (f"{name}: the engine's weights were freed (engine.free_weights()); hand it weights "
+                                "with engine.update_params(params) before generating")
+            self._call_error = RuntimeError(self._last_error)
+            return None
         try:
             cache, *outs = fn(self.cfg, self._params, self._cache, mesh=self.mesh, rules=self.rules, **kw)
             outs = [np.asarray(o) for o in outs]
-        except Exception as e:  # keep serving: only the sequences of this call fail
+        except Exception as e:  # only the sequences of this call fail; raised after the round (raise_errors)
             self._last_error = f"{name} kernel failed: {e!r}"
+            if self.raise_errors:
+                self._call_error = e
             return None
         finally:
             self._stats["compiles"] += fn._cache_size() - before
@@ -226,9 +247,6 @@ class Driver:
                 self._free(s)
         self._prefill_q = [s for s in self._prefill_q if s.state == PREFILL]
         return events
-
-    def _place(self, params):
-        return jax.device_put(params, self._param_sharding)
 
     def _new_cache(self):
         cache = kernels.init_cache(self.cfg, self.num_slots, self.max_len, self.mesh, self.rules, self._cache_dtype)

@@ -37,8 +37,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from reagent_jax.models.config import Qwen3Config
-from reagent_jax.parallel.rules import DEFAULT_RULES, Rules
-from reagent_jax.rollout.driver import Driver
+from reagent_jax.parallel.rules import Rules
+from reagent_jax.rollout.driver import Driver, EngineError
 from reagent_jax.rollout.sampling import SEED_LIMIT, SamplingParams
 from reagent_jax.rollout.session import DECODE, DONE, PAUSED, PREFILL, WAITING, Result, Session
 
@@ -60,14 +60,23 @@ class Engine(Driver):
     ids checked on device per row (the host checks all). decode_fn (or tokenizer with .decode):
     token ids -> text, needed for stop strings. seed: draws the seeds of requests without one.
     cache_dtype: KV cache dtype (default the compute dtype).
+
+    Layout (`rollout.layout`): on a mesh the engine reshapes its devices into its own
+    (data, tensor) mesh, tensor_parallel ways over heads / MLP / vocabulary (default: the largest
+    divisor of the device count that divides the KV heads) and slots over data, and keeps its
+    own compute-dtype copy of `params` (also on one device): the caller's arrays may be donated
+    or deleted afterwards. rules: the engine's rules table (default `layout.ENGINE_RULES`).
+    raise_errors: a failed device call raises `EngineError` to the driving thread (`wait`,
+    `step`, `generate`); False (servers) ends only that call's sequences with "error".
     """
 
     def __init__(self, cfg: Qwen3Config, params, *, num_slots: int = 16, max_len: int = 2048,
                  prefill_chunk: int = 512, max_prefill_rows: int = 8,
                  length_buckets: Optional[Sequence[int]] = None, row_buckets: Optional[Sequence[int]] = None,
-                 window_buckets: Optional[Sequence[int]] = None, decode_steps: int = 8, max_stop_ids: int = 8, mesh: Optional[Mesh] = None,
-                 rules: Rules = DEFAULT_RULES, decode_fn: Optional[Callable[[list[int]], str]] = None,
-                 tokenizer=None, seed: int = 0, cache_dtype=None):
+                 window_buckets: Optional[Sequence[int]] = None, decode_steps: int = 8, max_stop_ids: int = 8,
+                 mesh: Optional[Mesh] = None, rules: Optional[Rules] = None,
+                 decode_fn: Optional[Callable[[list[int]], str]] = None, tokenizer=None, seed: int = 0,
+                 cache_dtype=None, tensor_parallel: Optional[int] = None, raise_errors: bool = True):
         for name, value, lo in (("num_slots", num_slots, 1), ("max_len", max_len, 2), ("prefill_chunk", prefill_chunk, 1),
                                 ("max_prefill_rows", max_prefill_rows, 1), ("decode_steps", decode_steps, 1),
                                 ("max_stop_ids", max_stop_ids, 1)):
@@ -78,7 +87,9 @@ class Engine(Driver):
         super().__init__(cfg, params, num_slots=num_slots, max_len=max_len, prefill_chunk=prefill_chunk,
                          max_prefill_rows=max_prefill_rows, length_buckets=length_buckets, row_buckets=row_buckets,
                          window_buckets=window_buckets, decode_steps=decode_steps, max_stop_ids=max_stop_ids,
-                         mesh=mesh, rules=rules, decode_fn=decode_fn, cache_dtype=cache_dtype)
+                         mesh=mesh, rules=rules, decode_fn=decode_fn, cache_dtype=cache_dtype,
+                         tensor_parallel=tensor_parallel, raise_errors=raise_errors)
+        self._background_error: Optional[EngineError] = None
         self._seeds = np.random.default_rng(seed)
         self._ids = itertools.count()
         self._thread: Optional[threading.Thread] = None
@@ -165,6 +176,8 @@ class Engine(Driver):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._lock:
+                if self._background_error is not None:
+                    raise self._background_error
                 s = self._sessions.get(session_id)
                 if s is None:
                     raise ValueError(f"engine.wait: unknown session id {session_id} (never started, released, "
@@ -210,16 +223,24 @@ class Engine(Driver):
 
     def start_background(self) -> None:
         """Drives the engine from a daemon thread until `stop_background()`."""
-        if self._thread is not None:
+        if self._thread is not None and self._thread.is_alive():
             return
-        self._stop_thread = False
+        self._stop_thread, self._background_error = False, None
         self._thread = threading.Thread(target=self.run_forever, name="rollout-engine", daemon=True)
         self._thread.start()
 
     def run_forever(self) -> None:
+        """Drives until `stop_background()`; an EngineError stops it and is raised to every `wait`
+        (until the next `start_background()`)."""
         while not self._stop_thread:
             with self._drive_lock:
-                worked = self._step(claim=False)[1]
+                try:
+                    worked = self._step(claim=False)[1]
+                except EngineError as e:
+                    with self._lock:
+                        self._background_error = e
+                        self._cond.notify_all()
+                    return
             if not worked:
                 with self._lock:
                     self._cond.wait(timeout=0.05)
@@ -240,18 +261,33 @@ class Engine(Driver):
 
     # ---- weights and stats -------------------------------------------------------------------
     def update_params(self, params) -> None:
-        """Swaps in new weights (same structure, shapes, dtypes); nothing recompiles. Waits for
-        the device call in flight; sequences continue with the new weights."""
-        old = jax.tree_util.tree_structure(self._params)
+        """Copies in new weights (same structure and shapes; any float dtype: the engine casts to
+        the compute dtype and reshards onto its layout in one jitted program, timed in
+        stats()["sync_weights_seconds"]); nothing recompiles. Waits for the device call in
+        flight; sequences continue with the new weights. The engine never keeps `params`' own
+        buffers, so the caller may donate them to the next train step."""
+        old = jax.tree_util.tree_structure(self._sync.shardings)
         if jax.tree_util.tree_structure(params) != old:
             raise ValueError("engine.update_params: params tree structure differs from the engine's")
-        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(self._params)):
-            if a.shape != b.shape or a.dtype != b.dtype:
-                raise ValueError(f"engine.update_params: {jax.tree_util.keystr(path)} is {a.shape} {a.dtype}, "
-                                 f"expected {b.shape} {b.dtype}")
-        placed = self._place(params)
+        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(params), self._param_shapes):
+            if tuple(a.shape) != tuple(b):
+                raise ValueError(f"engine.update_params: {jax.tree_util.keystr(path)} has shape {a.shape}, "
+                                 f"expected {b}")
+        t0 = time.perf_counter()
+        placed = jax.block_until_ready(self._sync(params))
         with self._drive_lock:
             self._params = placed
+            self._times["sync_weights"] += time.perf_counter() - t0
+
+    def free_weights(self) -> None:
+        """Deletes the engine's copy of the weights (e.g. during a train step that needs the
+        memory); the next `update_params` makes a new one. Generating meanwhile fails with a
+        message saying so."""
+        with self._drive_lock:
+            params, self._params = self._params, None
+        if params is not None:
+            for leaf in jax.tree.leaves(params):
+                leaf.delete()
 
     def stats(self) -> dict:
         """Counters: requests, turns, errors, prefill_tokens (real tokens written by prefill),

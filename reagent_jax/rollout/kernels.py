@@ -4,8 +4,9 @@ multi-step decode loop with the sampler fused in.
 The cache is one preallocated pair (k, v), each [L, N, K, S, D] (layers, slots, kv heads,
 max_len, head dim: a slot's head is one contiguous [S, D] block, as attention reads it; [L, N,
 S, K, D] cost a transposed copy of the window per layer and decode step), sharded by the logical
-axes CACHE_AXES (slots over data/fsdp, heads over tensor) and DONATED to every kernel, so it is
-updated in place. Only small per-row arrays cross the host boundary: token ids, lengths and flags
+axes CACHE_AXES (with the engine's rules, `layout.ENGINE_RULES`: slots over data, heads over
+tensor) and DONATED to every kernel, so it is updated in place (on TPU too: no cache-sized copy
+in decode, checked by launch/compile_check.py; see `models.qwen3._write_layers`). Only small per-row arrays cross the host boundary: token ids, lengths and flags
 in; sampled ids and logprobs out.
 
 On an AVX-512 CPU in fp32 (unsharded), a decode step is two custom calls: every layer in one
@@ -28,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from reagent_jax.models import cpu_decode, cpu_gemm
+from reagent_jax.models import cpu_decode, cpu_gemm, kv_layout
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.functional import forward_with_cache
 from reagent_jax.models.qwen3 import Qwen3
@@ -36,7 +37,7 @@ from reagent_jax.parallel.mesh import mesh_platform
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain
 from reagent_jax.rollout.sampling import CHUNK, inverse_temperature, sample_vocab_major
 
-CACHE_AXES = ("layers", "cache_batch", "kv_heads", "cache_len", "head_dim")
+CACHE_AXES = ("layers", "cache_batch", "kv_heads", "cache_len", "head_dim")  # the CPU order; see models.kv_layout
 
 
 def geometric_buckets(lo: int, hi: int, factor: int = 2) -> tuple[int, ...]:
@@ -58,14 +59,15 @@ def bucket(n: int, buckets: Sequence[int]) -> int:
     raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
 
 
-def cache_shape(cfg: Qwen3Config, num_slots: int, max_len: int) -> tuple[int, ...]:
-    return (cfg.num_layers, num_slots, cfg.num_kv_heads, max_len, cfg.head_dim)
+def cache_shape(cfg: Qwen3Config, num_slots: int, max_len: int, mesh: Optional[Mesh] = None) -> tuple[int, ...]:
+    """[L, N, K, S, D] on CPU, [L, N, S, K, D] on accelerators (`models.kv_layout`)."""
+    return kv_layout.cache_shape(cfg, num_slots, max_len, mesh)
 
 
 def init_cache(cfg: Qwen3Config, num_slots: int, max_len: int, mesh: Optional[Mesh] = None,
                rules: Rules = DEFAULT_RULES, dtype=None):
-    """Zeroed (k, v) cache, each [L, N, K, S, D] in `dtype` (default: the compute dtype)."""
-    shape = cache_shape(cfg, num_slots, max_len)
+    """Zeroed (k, v) cache, each `cache_shape` in `dtype` (default: the compute dtype)."""
+    shape = cache_shape(cfg, num_slots, max_len, mesh)
     dtype = jnp.dtype(dtype or cfg.compute_dtype)
     # Placed by the same sharding constraint the kernels end with, so the first kernel call sees
     # exactly the sharding every later call sees (no second compilation).
@@ -74,7 +76,7 @@ def init_cache(cfg: Qwen3Config, num_slots: int, max_len: int, mesh: Optional[Me
 
 def _pin_cache(cache, mesh, rules):
     """Keeps the output cache on the input layout, so the next call hits the same executable."""
-    return tuple(constrain(c, CACHE_AXES, mesh, rules) for c in cache)
+    return tuple(constrain(c, kv_layout.cache_axes(mesh), mesh, rules) for c in cache)
 
 
 def sampling_logits(cfg: Qwen3Config, params, h: jax.Array, mesh: Optional[Mesh] = None,
@@ -137,10 +139,11 @@ def prefill(cfg: Qwen3Config, params, cache, tokens: jax.Array, write_index: jax
     projected for the last position only: [B, V], never [B, T, V]. truncation=False: no row
     uses top-k / top-p (see `sampling.sample`).
     """
-    rows = tuple(c.at[:, slot_ids, :, :window].get(mode="fill", fill_value=0) for c in cache)  # [L, B, K, W, D]
+    window_of = (slice(None), slot_ids) + (slice(None),) * (kv_layout.positions_axis(mesh) - 2) + (slice(0, window),)
+    rows = tuple(c.at[window_of].get(mode="fill", fill_value=0) for c in cache)  # [L, B, K, W, D] / [L, B, W, K, D]
     h, rows = forward_with_cache(cfg, params, tokens, rows, write_index, mesh=mesh, rules=rules,
                                  return_hidden=True)  # h [B, T, E]
-    cache = tuple(c.at[:, slot_ids, :, :window].set(r, mode="drop") for c, r in zip(cache, rows))
+    cache = tuple(c.at[window_of].set(r, mode="drop") for c, r in zip(cache, rows))
     h_last = jnp.take_along_axis(h, last_index[:, None, None], axis=1)[:, 0]  # [B, E]
     logits, stats = sampling_logits(cfg, params, h_last, mesh, rules, inverse_temperature(sampling.temperature))
     positions = write_index + last_index + 1
@@ -186,9 +189,10 @@ def decode(cfg: Qwen3Config, params, cache, state: DecodeState, *, num_steps: in
     truncation=False: no slot uses top-k / top-p (see `sampling.sample`).
     """
     full = cache
-    max_len = cache[0].shape[3]
+    axis = kv_layout.positions_axis(mesh)
+    max_len = cache[0].shape[axis]
     if window < max_len:
-        cache = tuple(c[:, :, :, :window] for c in full)
+        cache = tuple(jax.lax.slice_in_dim(c, 0, window, axis=axis) for c in full)
     n = state.tokens.shape[0]
     s = state.sampling
     inv_t = inverse_temperature(s.temperature)

@@ -80,10 +80,13 @@ def default_model_name(path: str) -> str:
 
 
 def build_engine(policy: Policy, *, num_slots: int = 64, max_len: int = 8192, prefill_chunk: int = 512,
-                 decode_steps: int = 8, mesh=None, seed: int = 0, start: bool = True, **engine_kw) -> Engine:
-    """A rollout engine over the policy, its background driver running when `start`."""
+                 decode_steps: int = 8, mesh=None, seed: int = 0, start: bool = True, raise_errors: bool = False,
+                 **engine_kw) -> Engine:
+    """A rollout engine over the policy, its background driver running when `start`. A serving
+    engine: a failed device call ends only its requests (they get a 500), unless raise_errors."""
     engine = Engine(policy.cfg, policy.params, num_slots=num_slots, max_len=max_len, prefill_chunk=prefill_chunk,
-                    decode_steps=decode_steps, mesh=mesh, tokenizer=policy.tokenizer, seed=seed, **engine_kw)
+                    decode_steps=decode_steps, mesh=mesh, tokenizer=policy.tokenizer, seed=seed,
+                    raise_errors=raise_errors, **engine_kw)
     if start:
         engine.start_background()
     return engine

@@ -163,12 +163,15 @@ def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strateg
     n_rows = -(-n_rows // gcfg.micro_batches) * gcfg.micro_batches
 
     def batch_fn(step, params_now):
-        loop.engine.update_params(params_now)
+        t0 = time.perf_counter()
+        loop.engine.update_params(params_now)  # the engine's own bf16 / tensor-parallel copy
+        t_sync = time.perf_counter() - t0
         idx = batch_indices(len(records), gcfg.questions_per_step, step, seed)
         t0 = time.perf_counter()
         trajs, scores, groups, extra = strategy.collect(loop, [records[i] for i in idx], gcfg.n,
                                                         seed=seed * 100_003 + step)
         t_gen = time.perf_counter() - t0
+        loop.engine.free_weights()  # their HBM goes to the update; the next step syncs a new copy
         adv, keep, finite = episode_advantages(adv_fn, trajs, scores, groups, gcfg.drop_equal_reward_groups)
         if not finite.all():
             bad = np.flatnonzero(~finite)
@@ -178,7 +181,7 @@ def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strateg
         m["batch/nonfinite_rewards"] = float((~finite).sum())
         m.update(extra)
         gen_tokens = sum(t.response_length for t in trajs)
-        m.update({"timing_s/gen": t_gen, "perf/gen_tokens_per_s": gen_tokens / max(t_gen, 1e-9),
+        m.update({"timing_s/gen": t_gen, "timing_s/sync_weights": t_sync, "perf/gen_tokens_per_s": gen_tokens / max(t_gen, 1e-9),
                   "batch/kept_frac": float(keep.mean()), "batch/zero_std_groups": float(adv.num_zero_std_groups),
                   "critic/advantages/abs_mean": float(np.abs(np.asarray(adv.advantages)[keep]).mean()) if keep.any() else 0.0})
         rows = build_rows(trajs, np.asarray(adv.advantages), keep, gcfg.mask_overlong)
