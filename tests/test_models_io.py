@@ -2,6 +2,7 @@
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -74,7 +75,7 @@ def test_bad_checkpoints_give_clear_errors(hf_qwen3, tmp_path):
         models.load_hf_checkpoint(str(empty))
     llama = tmp_path / "llama"
     llama.mkdir()
-    json.dump({**cfg, "model_type": "llama"}, open(llama / "config.json", "w"))
+    json.dump({**cfg, "model_type": "mistral"}, open(llama / "config.json", "w"))
     with pytest.raises(ValueError, match="model_type"):
         models.load_hf_checkpoint(str(llama))
 
@@ -103,3 +104,27 @@ def test_load_onto_8_devices_matches_single_device(hf_qwen3):
         assert "fsdp" in res["specs"]["layers/mlp/gate"] and "tensor" in res["specs"]["layers/mlp/gate"]
         if shape.get("num_key_value_heads") == 1:
             assert "tensor" not in res["specs"]["layers/attn/k"]  # one KV head cannot split over tensor=2
+
+
+def test_export_is_self_contained(tmp_path):
+    """With the run's tokenizer the export loads in transformers as is (tokenizer files, special
+    ids inside the vocabulary, generation config); without one, ids the vocabulary lacks (Qwen3's
+    151645 for a 300-token compact tokenizer) are not written."""
+    import json
+    import transformers
+    from reagent_jax import chat
+    tok = chat.build_compact_tokenizer(["the cat sat on the mat", "a tool call and its answer"] * 20, vocab_size=300)
+    cfg = models.preset("tiny", vocab_size=300, compute_dtype="float32")
+    params = models.init_params(cfg, jax.random.PRNGKey(0))
+    models.save_hf_checkpoint(str(tmp_path / "with"), cfg, params, tokenizer=tok)
+    back = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "with"))
+    assert len(back) == len(tok) and back.encode("the cat sat") == tok.encode("the cat sat")
+    hf = json.load(open(tmp_path / "with" / "config.json"))
+    gen = json.load(open(tmp_path / "with" / "generation_config.json"))
+    assert hf["eos_token_id"] == gen["eos_token_id"] == tok.eos_token_id < cfg.vocab_size
+    transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "with"))
+    models.save_hf_checkpoint(str(tmp_path / "without"), cfg, params)
+    hf = json.load(open(tmp_path / "without" / "config.json"))
+    assert "eos_token_id" not in hf and "bos_token_id" not in hf
+    with pytest.raises(ValueError, match="tokenizer has"):
+        models.save_hf_checkpoint(str(tmp_path / "bad"), models.preset("tiny", vocab_size=100), params, tokenizer=tok)

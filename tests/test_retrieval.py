@@ -114,9 +114,30 @@ def test_protocol_matches_search_r1(server_url):
     assert plain["result"][0][0]["id"] == "d13"  # return_scores false: bare documents
 
 
-def test_bad_requests_get_422(server_url):
-    for payload in ({"queries": "not a list"}, {"queries": ["x"], "topk": 0}, {"topk": 3}):
-        assert httpx.post(server_url, json=payload, timeout=10).status_code == 422
+def test_bad_requests_get_400_in_the_openai_format(server_url):
+    for payload, param in (({"queries": "not a list"}, "queries"), ({"queries": ["x"], "topk": 0}, "topk"),
+                           ({"topk": 3}, "queries")):
+        r = httpx.post(server_url, json=payload, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        assert r.json()["error"]["param"] == param and "invalid request body" in r.json()["error"]["message"]
+    r = httpx.post(server_url, content=b"{not json", timeout=10)
+    assert r.status_code == 400 and "error" in r.json()
+
+
+def test_the_documented_curl_example_works(server_url):
+    """The module docstring's curl line, run as written (`-d` sends a form content type)."""
+    import shutil
+    doc = open(os.path.join(REPO, "launch", "retrieval_server.py")).read()
+    line = next(ln.strip() for ln in doc.splitlines() if ln.strip().startswith("curl "))
+    body = line.split(" -d ", 1)[1].strip().strip("'")
+    if shutil.which("curl"):
+        out = subprocess.run(["curl", "-s", "-w", "\n%{http_code}", server_url, "-d", body], capture_output=True,
+                             text=True, timeout=30).stdout
+        payload, status = out.rsplit("\n", 1)
+    else:  # the same request as curl sends it
+        r = httpx.post(server_url, content=body, headers={"content-type": "application/x-www-form-urlencoded"})
+        payload, status = r.text, str(r.status_code)
+    assert status == "200" and json.loads(payload)["result"][0]
 
 
 def test_sixteen_concurrent_clients_get_the_right_document_first(server_url):
@@ -155,6 +176,14 @@ def test_corpus_formats_and_errors(tmp_path):
     wiki.write_text(json.dumps({"id": "7", "contents": '"Ada Lovelace"\nAda Lovelace wrote the first program.'}) + "\n")
     doc = retrieval.load_corpus(str(wiki))[0]
     assert doc["title"] == "Ada Lovelace" and doc["text"] == "Ada Lovelace wrote the first program."
+    titled = tmp_path / "titled.jsonl"  # {"id", "title", "contents"}: the title is kept, served and indexed
+    titled.write_text(json.dumps({"id": "8", "title": "Grace Hopper", "contents": "She built a compiler."}) + "\n")
+    doc = retrieval.load_corpus(str(titled))[0]
+    assert (doc["title"], doc["text"], doc["contents"]) == ("Grace Hopper", "She built a compiler.",
+                                                            "Grace Hopper\nShe built a compiler.")
+    assert retrieval.BM25Index.from_jsonl(str(titled)).search(["Hopper"], topk=1)[0][0][0]["id"] == "8"
+    served = retrieval.normalise_document({"id": "8", "contents": doc["contents"]}, "hit")  # what a client parses
+    assert (served["title"], served["text"]) == ("Grace Hopper", "She built a compiler.")
     index = retrieval.BM25Index.from_jsonl(str(wiki))
     assert index.search(["first program"], topk=5)[0][0][0]["id"] == "7"  # topk above corpus size is clipped
     bad = tmp_path / "bad.jsonl"

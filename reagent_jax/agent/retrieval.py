@@ -10,6 +10,7 @@ Corpus lines: {"id": ..., "title": ..., "contents" or "text": ...}.
 """
 
 # No `from __future__ import annotations`: FastAPI must see the request model of make_app as a class.
+import asyncio
 import concurrent.futures
 import json
 import threading
@@ -35,8 +36,13 @@ def normalise_document(row: dict, where: str) -> dict:
     if "contents" in row:
         contents = str(row["contents"])
         first, _, rest = contents.partition("\n")
-        title = str(row.get("title") or first.strip().strip('"'))
-        text = str(row.get("text") or (rest if "title" not in row else contents))
+        if row.get("title") and first.strip().strip('"') != str(row["title"]).strip():
+            # {"id", "title", "contents"}: contents is the body; served and indexed as "title\nbody"
+            title, text = str(row["title"]), str(row.get("text") or contents)
+            contents = f"{title}\n{text}"
+        else:  # wiki-18: the title is the first line of contents
+            title = str(row.get("title") or first.strip().strip('"'))
+            text = str(row.get("text") or rest)
     elif "text" in row:
         title, text = str(row.get("title", "")), str(row["text"])
         contents = f"{title}\n{text}" if title else text
@@ -105,9 +111,12 @@ class BM25Index:
 
 
 def make_app(index: BM25Index, default_topk: int = 3):
-    """A FastAPI app serving `index` with the Search-R1 protocol (+ GET /health)."""
-    from fastapi import FastAPI
-    from pydantic import BaseModel, Field
+    """A FastAPI app serving `index` with the Search-R1 protocol (+ GET /health). The body is
+    read as JSON whatever its content type (`curl -d` sends a form type); errors answer 400 in
+    the OpenAI format the main server uses: {"error": {"message", "type", "param", "code"}}."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+    from pydantic import BaseModel, Field, ValidationError
 
     class RetrieveRequest(BaseModel):
         queries: list[str] = Field(..., max_length=MAX_QUERIES)
@@ -120,8 +129,21 @@ def make_app(index: BM25Index, default_topk: int = 3):
     def health() -> dict:
         return {"status": "ok", "documents": len(index)}
 
+    def error(message: str, param=None) -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
+                                       "code": None}}, status_code=400)
+
     @app.post("/retrieve")
-    def retrieve(request: RetrieveRequest) -> dict:  # sync: FastAPI runs it in its thread pool
+    async def retrieve_endpoint(raw: Request):
+        try:
+            request = RetrieveRequest.model_validate_json(await raw.body())
+        except ValidationError as e:
+            first = e.errors()[0]
+            param = ".".join(str(p) for p in first.get("loc", ())) or None
+            return error(f"invalid request body: {first.get('msg', e)}" + (f" (at {param})" if param else ""), param)
+        return await asyncio.to_thread(retrieve, request)  # BM25 off the event loop
+
+    def retrieve(request) -> dict:
         queries = [q[:MAX_QUERY_CHARS] for q in request.queries]
         results = index.search(queries, request.topk or default_topk)
         public = lambda d: {"id": d["id"], "contents": d["contents"]}  # noqa: E731

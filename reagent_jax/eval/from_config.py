@@ -126,6 +126,11 @@ class _Backends:
             e.stop_background()
 
 
+def _judge_identity(judge) -> dict:
+    """What of a judge block decides its verdicts (not where it is served from or how fast)."""
+    return {k: judge.get(k) for k in ("kind", "model", "path", "tokenizer", "max_tokens")}
+
+
 def run(config, out_dir: str) -> dict[str, Any]:
     """Loads everything the config names, evaluates, writes the reports; returns the summary."""
     mesh = None if config.mesh == "single" else parallel.mesh_from_preset(config.mesh)
@@ -150,9 +155,14 @@ def run(config, out_dir: str) -> dict[str, Any]:
         names = sorted({t for s in specs for t in s.tools})
         settings = EvalSettings(k=config.k, greedy=config.greedy, seed=config.seed, max_parallel=config.max_parallel,
                                 refine=bool(config.reagent_c.enabled))
-        evaluator = Evaluator(engine, policy.tokenizer, out_dir, registry=tool_registry(config, names),
-                              agent_config=agent_config(config), scorer=scorer, settings=settings, rrm_judge=rrm_judge)
         extra = {"policy": policy.path, "tokenizer": policy.tokenizer_path or "qwen3"}
+        identity = {**extra, "dtype": str(config.policy.dtype), "rollout.max_len": int(config.rollout.max_len),
+                    "scoring": {"method": config.scoring.method, "correct_threshold": config.scoring.correct_threshold,
+                                **(_judge_identity(config.scoring.judge) if config.scoring.method == "llm" else {})},
+                    "reagent_c": _judge_identity(config.reagent_c.judge) if config.reagent_c.enabled else None}
+        evaluator = Evaluator(engine, policy.tokenizer, out_dir, registry=tool_registry(config, names),
+                              agent_config=agent_config(config), scorer=scorer, settings=settings, rrm_judge=rrm_judge,
+                              identity=identity)
         return evaluator.run(specs, extra)
     finally:
         backends.close()

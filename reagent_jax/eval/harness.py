@@ -95,14 +95,21 @@ class Evaluator:
 
     def __init__(self, engine, tokenizer, out_dir: str, *, registry, agent_config: AgentConfig = AgentConfig(),
                  scorer: Optional[AnswerScorer] = None, settings: EvalSettings = EvalSettings(), rrm_judge=None,
-                 progress: Optional[bool] = None):
+                 progress: Optional[bool] = None, identity: Optional[Mapping[str, Any]] = None):
+        """identity: what else decides the results (policy path, tokenizer, engine lengths); with
+        the sampling, agent and scoring settings it is the results file's fingerprint."""
         if settings.refine and rrm_judge is None:
             raise ValueError("Reagent-C refinement (settings.refine) needs an rrm_judge with judge_many()")
         self.engine, self.tok, self.out_dir, self.registry = engine, tokenizer, out_dir, registry
         self.agent_config, self.scorer, self.settings = agent_config, scorer or AnswerScorer(), settings
         self.rrm_judge, self.progress = rrm_judge, progress
         os.makedirs(out_dir, exist_ok=True)
-        self.store = ResultStore(os.path.join(out_dir, RESULTS_NAME))
+        fingerprint = {"greedy": settings.greedy, "seed": settings.seed, "refine": settings.refine,
+                       "agent": {k: v for k, v in dataclasses.asdict(self.agent_config).items()
+                                 if k != "max_parallel_episodes"},  # concurrency does not change results
+                       "scoring": self.scorer.mode,
+                       **dict(identity or {})}
+        self.store = ResultStore(os.path.join(out_dir, RESULTS_NAME), settings=fingerprint)
 
     # ---- one sample: episode (+ critique and second attempt) ---------------------------------
     def _sample(self, loop: AgentLoop, record: dict, index: int):

@@ -16,6 +16,7 @@ import numpy as np
 from reagent_jax.models.rope import normalize_scaling, parse_hf_rope, rope_frequencies
 
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+MODEL_TYPES = ("qwen3", "qwen2", "llama")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,10 @@ class Qwen3Config:
     remat_policy: str = "none"
     # Where a MoE variant would plug in: `mlp_type` selects the feed-forward block.
     mlp_type: str = "dense"
+    # The family (HF `model_type`): "qwen3" (q/k RMSNorm), "qwen2" (q/k/v biases), "llama"
+    # (neither; `attention_bias` adds q/k/v/o biases, as transformers' LlamaAttention does).
+    model_type: str = "qwen3"
+    attention_bias: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "rope_scaling", normalize_scaling(self.rope_scaling))
@@ -53,6 +58,8 @@ class Qwen3Config:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"remat_policy={self.remat_policy!r}; choose one of {REMAT_POLICIES}")
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type={self.model_type!r}; choose one of {MODEL_TYPES}")
         if self.mlp_type != "dense":
             raise NotImplementedError(f"mlp_type={self.mlp_type!r}: only 'dense' Qwen3 is implemented")
         for name in ("param_dtype", "compute_dtype"):
@@ -65,6 +72,19 @@ class Qwen3Config:
     @property
     def jnp_dtype(self):
         return jnp.dtype(self.compute_dtype)
+
+    @property
+    def qk_norm(self) -> bool:
+        """Per-head RMSNorm on q and k (Qwen3)."""
+        return self.model_type == "qwen3"
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.model_type == "qwen2" or (self.model_type == "llama" and self.attention_bias)
+
+    @property
+    def o_bias(self) -> bool:
+        return self.model_type == "llama" and self.attention_bias
 
     @property
     def num_groups(self) -> int:
@@ -81,7 +101,8 @@ class Qwen3Config:
     def num_params(self) -> int:
         e, f, v, l = self.hidden_size, self.intermediate_size, self.vocab_size, self.num_layers
         h, k, d = self.num_heads, self.num_kv_heads, self.head_dim
-        per_layer = e * d * (h + 2 * k) + h * d * e + 3 * e * f + 2 * e + 2 * d
+        per_layer = e * d * (h + 2 * k) + h * d * e + 3 * e * f + 2 * e
+        per_layer += 2 * d * self.qk_norm + (h + 2 * k) * d * self.qkv_bias + e * self.o_bias
         return l * per_layer + v * e * (1 if self.tie_word_embeddings else 2) + e
 
     def flops_per_token(self, seq_len: int) -> float:
@@ -103,37 +124,46 @@ class Qwen3Config:
         weights that would give different logits.
         """
         mt = hf.get("model_type", "qwen3")
-        if mt != "qwen3":
+        if mt not in _FAMILIES:
             hint = " (Mixture-of-Experts is not implemented)" if "moe" in str(mt) else ""
-            raise ValueError(f"{source}: model_type={mt!r}; only dense 'qwen3' is supported{hint}")
+            raise ValueError(f"{source}: model_type={mt!r}; supported: {', '.join(_FAMILIES)}{hint}")
+        family = _FAMILIES[mt]
         archs = hf.get("architectures") or []
-        if any(a not in _ARCHITECTURES for a in archs):
-            raise ValueError(f"{source}: architectures={archs}; only a causal LM ({_ARCHITECTURES[0]}) is supported")
+        if any(a not in family["architectures"] for a in archs):
+            raise ValueError(f"{source}: architectures={archs}; only a causal LM ({family['architectures'][0]}) "
+                             "is supported")
         if hf.get("quantization_config"):
             method = (hf["quantization_config"] or {}).get("quant_method", "?")
             raise NotImplementedError(f"{source}: quantized checkpoint (quant_method={method!r}) is not supported")
         if hf.get("hidden_act", "silu") != "silu":
             raise NotImplementedError(f"{source}: hidden_act={hf['hidden_act']!r}; only 'silu' (SwiGLU) is implemented")
-        if hf.get("attention_bias"):
+        if hf.get("attention_bias") and mt == "qwen3":
             raise NotImplementedError(f"{source}: attention_bias=true (q/k/v/o projection biases) is not implemented")
+        if hf.get("mlp_bias"):
+            raise NotImplementedError(f"{source}: mlp_bias=true is not implemented")
+        if (hf.get("pretraining_tp") or 1) != 1:
+            raise NotImplementedError(f"{source}: pretraining_tp={hf['pretraining_tp']} is not implemented")
         layers = hf.get("num_hidden_layers", 32)
         _check_layer_types(hf, layers, source)
         theta, scaling = parse_hf_rope(hf, source)
         heads, hidden = hf.get("num_attention_heads", 32), hf.get("hidden_size", 4096)
+        d = family["defaults"]
         kw = dict(
-            vocab_size=hf.get("vocab_size", 151936),
+            vocab_size=hf.get("vocab_size", d["vocab_size"]),
             hidden_size=hidden,
-            intermediate_size=hf.get("intermediate_size", 22016),
+            intermediate_size=hf.get("intermediate_size", d["intermediate_size"]),
             num_layers=layers,
             num_heads=heads,
             # absent -> transformers' class default; null -> derived, as transformers does
-            num_kv_heads=hf.get("num_key_value_heads", 32) or heads,
-            head_dim=hf.get("head_dim", 128) or hidden // heads,
+            num_kv_heads=hf.get("num_key_value_heads", d["num_kv_heads"]) or heads,
+            head_dim=hf.get("head_dim", d["head_dim"]) or hidden // heads,
             rope_theta=theta,
             rope_scaling=scaling,
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=float(hf.get("rms_norm_eps", d["rms_norm_eps"])),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            max_position_embeddings=hf.get("max_position_embeddings", 32768),
+            max_position_embeddings=hf.get("max_position_embeddings", d["max_position_embeddings"]),
+            model_type=mt,
+            attention_bias=bool(hf.get("attention_bias", False)) and mt == "llama",
         )
         kw.update(overrides)
         try:
@@ -159,9 +189,9 @@ class Qwen3Config:
         """HF `config.json` dict, readable by transformers 4.x (rope_theta/rope_scaling) and 5.x
         (rope_parameters)."""
         scaling = dict(self.rope_scaling) or None
-        return {
-            "architectures": ["Qwen3ForCausalLM"],
-            "model_type": "qwen3",
+        out = {
+            "architectures": [_FAMILIES[self.model_type]["architectures"][0]],
+            "model_type": self.model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -176,19 +206,32 @@ class Qwen3Config:
             "rms_norm_eps": self.rms_norm_eps,
             "tie_word_embeddings": self.tie_word_embeddings,
             "max_position_embeddings": self.max_position_embeddings,
-            "attention_bias": False,
+            "attention_bias": self.attention_bias,
             "attention_dropout": 0.0,
-            "use_sliding_window": False,
-            "sliding_window": None,
-            "max_window_layers": self.num_layers,
-            "layer_types": ["full_attention"] * self.num_layers,
-            "bos_token_id": 151643,
-            "eos_token_id": 151645,
             "torch_dtype": "float32" if self.param_dtype == "float32" else str(self.param_dtype),
         }
+        if self.model_type == "llama":
+            out.update(mlp_bias=False, pretraining_tp=1)
+        else:
+            out.update(use_sliding_window=False, sliding_window=None, max_window_layers=self.num_layers,
+                       layer_types=["full_attention"] * self.num_layers)
+        if self.model_type == "qwen3":
+            out.update(bos_token_id=151643, eos_token_id=151645)
+        return out
 
 
-_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3Model")
+# transformers' class defaults per family (what an absent config.json key means)
+_FAMILIES = {
+    "qwen3": {"architectures": ("Qwen3ForCausalLM", "Qwen3Model"),
+              "defaults": dict(vocab_size=151936, intermediate_size=22016, num_kv_heads=32, head_dim=128,
+                               rms_norm_eps=1e-6, max_position_embeddings=32768)},
+    "qwen2": {"architectures": ("Qwen2ForCausalLM", "Qwen2Model"),
+              "defaults": dict(vocab_size=151936, intermediate_size=22016, num_kv_heads=32, head_dim=None,
+                               rms_norm_eps=1e-6, max_position_embeddings=32768)},
+    "llama": {"architectures": ("LlamaForCausalLM", "LlamaModel"),
+              "defaults": dict(vocab_size=32000, intermediate_size=11008, num_kv_heads=None, head_dim=None,
+                               rms_norm_eps=1e-6, max_position_embeddings=2048)},
+}
 _FULL, _SLIDING = ("full_attention", "attention"), "sliding_attention"
 
 

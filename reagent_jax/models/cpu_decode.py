@@ -33,6 +33,8 @@ def usable(cfg: Qwen3Config, params, cache, rows: int, mesh: Optional[Mesh] = No
     multiples of 16 (head dim <= 256). Decided at trace time from static facts."""
     if cpu_gemm.mode() == "xla" or not kv_layout.heads_major(mesh) or (mesh is not None and mesh.size > 1):
         return False
+    if not cfg.qk_norm or cfg.qkv_bias or cfg.o_bias:  # the kernel implements the Qwen3 layer
+        return False
     if jnp.dtype(cfg.compute_dtype) != jnp.float32 or cache[0].dtype != jnp.float32 or cache[0].shape[1] != rows:
         return False
     if any(leaf.dtype != jnp.float32 for leaf in jax.tree.leaves(params["layers"])):

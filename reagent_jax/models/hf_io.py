@@ -53,6 +53,13 @@ def _hf_layout(cfg: Qwen3Config):
         ("layers", "mlp", "up"): (_LAYER + "mlp.up_proj.weight", "T"),
         ("layers", "mlp", "down"): (_LAYER + "mlp.down_proj.weight", "T"),
     }
+    if not cfg.qk_norm:
+        del m[("layers", "attn", "q_norm", "scale")], m[("layers", "attn", "k_norm", "scale")]
+    if cfg.qkv_bias:
+        for name in "qkv":
+            m[("layers", "attn", f"{name}_bias")] = (_LAYER + f"self_attn.{name}_proj.bias", "heads_vec")
+    if cfg.o_bias:
+        m[("layers", "attn", "o_bias")] = (_LAYER + "self_attn.o_proj.bias", "copy")
     if not cfg.tie_word_embeddings:
         m[("lm_head",)] = ("lm_head.weight", "T")
     return m
@@ -141,6 +148,9 @@ def _read_block(sl, kind: str, idx: list[tuple[int, int]], cfg: Qwen3Config, sha
         (a0, a1), (b0, b1) = idx
         return sl[b0:b1, a0:a1].T
     d = cfg.head_dim
+    if kind == "heads_vec":  # target [N, D] from hf [N*D]
+        (n0, n1), (d0, d1) = idx
+        return sl[n0 * d:n1 * d].reshape(n1 - n0, d)[:, d0:d1]
     if kind == "heads_out":  # target [E, N, D] from hf [N*D, E]
         (e0, e1), (n0, n1), (d0, d1) = idx
         blk = sl[n0 * d:n1 * d, e0:e1].T  # [e, n*D]
@@ -163,6 +173,8 @@ def _check_tensor(sl, name, kind, target_shape, hint=""):
         want = tuple(target_shape)
     elif kind == "T":
         want = tuple(target_shape[::-1])
+    elif kind == "heads_vec":
+        want = (target_shape[0] * target_shape[1],)
     elif kind == "heads_out":
         want = (target_shape[1] * target_shape[2], target_shape[0])
     else:
@@ -266,6 +278,8 @@ def _to_hf(kind: str, x: np.ndarray) -> np.ndarray:
         return x
     if kind == "T":
         return x.T
+    if kind == "heads_vec":  # [N, D] -> [N*D]
+        return x.reshape(-1)
     if kind == "heads_out":  # [E, N, D] -> [N*D, E]
         return x.reshape(x.shape[0], -1).T
     return x.reshape(-1, x.shape[-1]).T  # heads_in: [H, D, E] -> [E, H*D]
@@ -288,18 +302,46 @@ def hf_state_dict(cfg: Qwen3Config, params, dtype=None,
     return out
 
 
+def _special_ids(cfg: Qwen3Config, hf_cfg: dict, tokenizer) -> dict[str, int]:
+    """bos / eos / pad ids for config.json and generation_config.json: the tokenizer's when one
+    is given, else the family's defaults; an id outside the vocabulary is dropped (a compact
+    tokenizer's model has no id 151645)."""
+    ids = {k: hf_cfg.pop(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in hf_cfg}
+    if tokenizer is not None:
+        for key, tok_id in (("bos_token_id", tokenizer.bos_token_id), ("eos_token_id", tokenizer.eos_token_id),
+                            ("pad_token_id", tokenizer.pad_token_id)):
+            if tok_id is not None:
+                ids[key] = int(tok_id)
+    return {k: v for k, v in ids.items() if 0 <= v < cfg.vocab_size}
+
+
 def save_hf_checkpoint(out_dir: str, cfg: Qwen3Config, params, dtype=None,
-                       max_shard_bytes: int = 4 * 1024 ** 3) -> list[str]:
+                       max_shard_bytes: int = 4 * 1024 ** 3, tokenizer=None) -> list[str]:
     """Writes config.json + safetensors loadable by `transformers` (sharded with an index above
-    `max_shard_bytes`). dtype: e.g. "bfloat16" to halve the size. Returns the files written."""
+    `max_shard_bytes`) and generation_config.json. dtype: e.g. "bfloat16" to halve the size.
+    tokenizer (a transformers tokenizer or a directory holding one): saved alongside, its special
+    ids written into the configs, so `AutoTokenizer` / `AutoModelForCausalLM` load the directory
+    as is. Returns the weight files written."""
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from transformers import AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+    if tokenizer is not None and len(tokenizer) > cfg.vocab_size:
+        raise ValueError(f"save_hf_checkpoint: the tokenizer has {len(tokenizer)} tokens but the model only "
+                         f"{cfg.vocab_size} embeddings; pass the tokenizer the model was trained with")
     os.makedirs(out_dir, exist_ok=True)
     np_dtype = None if dtype is None else np.dtype(dtype)
     tensors = hf_state_dict(cfg, params, np_dtype)
     hf_cfg = cfg.to_hf_dict()
     hf_cfg["torch_dtype"] = (np_dtype or cfg.jnp_param_dtype).name
     hf_cfg["dtype"] = hf_cfg["torch_dtype"]
+    special = _special_ids(cfg, hf_cfg, tokenizer)
+    hf_cfg.update(special)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(hf_cfg, f, indent=2)
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+        json.dump(special, f, indent=2)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
     shards, cur, size = [], {}, 0
     for name, arr in tensors.items():
         if cur and size + arr.nbytes > max_shard_bytes:

@@ -1,13 +1,16 @@
-"""Dense Qwen3 decoder as Flax (linen) modules used functionally: `params` is a plain pytree.
+"""Dense Qwen3 / Qwen2 / Llama decoder as Flax (linen) modules used functionally: `params` is a
+plain pytree.
 
-Features: GQA, per-head RMSNorm on q and k, RoPE (rotate-half, HF layout), SwiGLU MLP, tied or
-untied embeddings, separate param/compute dtypes, `nn.scan` over layers (unrolled when
-`scan_layers=False`, so the param layout is the same), remat policies, logical axis names on every
-parameter (via `nn.with_logical_partitioning`) and activation (via `parallel.constrain`).
+Features: GQA, per-head RMSNorm on q and k (Qwen3) or q/k/v biases (Qwen2; Llama with
+attention_bias), RoPE (rotate-half, HF layout), SwiGLU MLP, tied or untied embeddings, separate
+param/compute dtypes, `nn.scan` over layers (unrolled when `scan_layers=False`, so the param
+layout is the same), remat policies, logical axis names on every parameter (via
+`nn.with_logical_partitioning`) and activation (via `parallel.constrain`).
 
 One code path serves training and sampling: with `cache=(k, v)` (each [L, B, K, S, D] on CPU,
-[L, B, S, K, D] on accelerators: `kv_layout`) the new tokens' keys/values are scattered into the cache at `cache_index[b] + t` and attention runs over
-the whole cache, causally by absolute position. Rows of a batch may hold different lengths.
+[L, B, S, K, D] on accelerators: `kv_layout`) the new tokens' keys/values are scattered into the
+cache at `cache_index[b] + t` and attention runs over the whole cache, causally by absolute
+position. Rows of a batch may hold different lengths.
 
 Einsum letters: b batch, t query time, s key time, e embed, h q heads, k kv heads, g q heads per
 kv head, d head dim, f mlp, v vocab, l layers.
@@ -76,6 +79,13 @@ def _weight(module: nn.Module, name: str, axes: tuple[str, ...], shape: tuple[in
     all-reduced whole after it."""
     w = module.param(name, _init(axes), shape, module.cfg.jnp_param_dtype)
     return constrain(w.astype(module.cfg.jnp_dtype), axes, module.mesh, module.rules)
+
+
+def _bias(module: nn.Module, name: str, axes: tuple[str, ...], shape: tuple[int, ...]) -> jax.Array:
+    """A projection bias (zero-initialised) in the compute dtype, on its weight's layout."""
+    b = module.param(name, nn.with_logical_partitioning(nn.initializers.zeros, axes), shape,
+                     module.cfg.jnp_param_dtype)
+    return constrain(b.astype(module.cfg.jnp_dtype), axes, module.mesh, module.rules)
 
 
 class RMSNorm(nn.Module):
@@ -217,8 +227,13 @@ class Attention(nn.Module):
         q = _dense("bte,ehd->bthd", xd, wq, self.mesh)
         k = _dense("bte,ekd->btkd", xd, wk, self.mesh)
         v = _dense("bte,ekd->btkd", xd, wv, self.mesh)
-        q = RMSNorm(c.head_dim, c.rms_norm_eps, pdt, axis="head_dim", name="q_norm")(q)
-        k = RMSNorm(c.head_dim, c.rms_norm_eps, pdt, axis="head_dim", name="k_norm")(k)
+        if c.qkv_bias:  # Qwen2 / Llama with attention_bias
+            q = q + _bias(self, "q_bias", ("q_heads", "head_dim"), (c.num_heads, c.head_dim))
+            k = k + _bias(self, "k_bias", ("kv_heads", "head_dim"), (c.num_kv_heads, c.head_dim))
+            v = v + _bias(self, "v_bias", ("kv_heads", "head_dim"), (c.num_kv_heads, c.head_dim))
+        if c.qk_norm:  # Qwen3
+            q = RMSNorm(c.head_dim, c.rms_norm_eps, pdt, axis="head_dim", name="q_norm")(q)
+            k = RMSNorm(c.head_dim, c.rms_norm_eps, pdt, axis="head_dim", name="k_norm")(k)
         inv_freq, rope_scale = c.rope_frequencies()
         q = rope(q, positions, c.rope_theta, inv_freq, rope_scale)
         k = rope(k, positions, c.rope_theta, inv_freq, rope_scale)
@@ -255,6 +270,8 @@ class Attention(nn.Module):
         out = out.reshape(b, t, c.num_heads, c.head_dim)
         out = constrain(out, ("batch", "act_len", "act_heads", None), self.mesh, self.rules)
         y = _dense("bthd,hde->bte", out, wo, self.mesh)
+        if c.o_bias:
+            y = y + _bias(self, "o_bias", ("embed",), (c.hidden_size,))
         new_kv = None if layer_cache is None else (k, v)
         return y, new_kv
 

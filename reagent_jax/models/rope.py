@@ -4,7 +4,8 @@ Why host-side numpy: the scaled frequencies depend only on the (static, hashable
 are computed once when a forward is traced and enter the graph as a constant. The formulas mirror
 transformers' `modeling_rope_utils` (fp32, same operation order) so logits match it.
 
-Implemented: "default", "linear" and "yarn" (the long-context recipe Qwen3 documents). "dynamic"
+Implemented: "default", "linear", "yarn" (the long-context recipe Qwen3 documents) and "llama3"
+(Llama 3.1+ frequency smoothing). "dynamic"
 and "longrope" change the frequencies with the length of each call, which a fixed KV cache cannot
 follow; they and the other types raise NotImplementedError instead of silently changing logits.
 """
@@ -15,9 +16,10 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-SUPPORTED = ("default", "linear", "yarn")
+SUPPORTED = ("default", "linear", "yarn", "llama3")
 _KEYS = {  # keys kept per type (others in the HF dict do not change the frequencies)
     "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "mscale", "mscale_all_dim",
              "beta_fast", "beta_slow", "truncate"),
 }
@@ -73,7 +75,8 @@ def normalize_scaling(scaling) -> tuple:
     kind = dict(out).get("rope_type", "default")
     if kind not in SUPPORTED:
         raise NotImplementedError(f"rope_scaling rope_type={kind!r} is not implemented (supported: {SUPPORTED})")
-    need = {"linear": ("factor",), "yarn": ("factor", "original_max_position_embeddings")}.get(kind, ())
+    need = {"linear": ("factor",), "yarn": ("factor", "original_max_position_embeddings"),
+            "llama3": _KEYS["llama3"]}.get(kind, ())
     missing = [k for k in need if dict(out).get(k) is None]
     if missing:
         raise ValueError(f"rope_scaling {dict(out)} lacks {missing}")
@@ -90,6 +93,8 @@ def rope_frequencies(rope_scaling: tuple, theta: float, head_dim: int) -> tuple[
     pos_freqs = np.float32(theta) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d))
     if kind == "linear":
         return (np.float32(1.0) / pos_freqs) / np.float32(s["factor"]), 1.0
+    if kind == "llama3":
+        return _llama3(np.float32(1.0) / pos_freqs, s), 1.0
     # yarn
     factor, omax = s["factor"], s["original_max_position_embeddings"]
 
@@ -117,3 +122,17 @@ def rope_frequencies(rope_scaling: tuple, theta: float, head_dim: int) -> tuple[
     extrap = np.float32(1) - ramp
     inv = (np.float32(1) / (np.float32(factor) * pos_freqs)) * (1 - extrap) + (np.float32(1) / pos_freqs) * extrap
     return inv.astype(np.float32), float(attn)
+
+
+def _llama3(inv_freq: np.ndarray, s: Mapping[str, Any]) -> np.ndarray:
+    """Llama 3.1's smoothing (transformers `_compute_llama3_parameters`): long wavelengths are
+    divided by `factor`, short ones kept, the band between interpolated."""
+    factor, low, high = np.float32(s["factor"]), np.float32(s["low_freq_factor"]), np.float32(s["high_freq_factor"])
+    old_len = np.float32(s["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = np.float32(2 * math.pi) / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
