@@ -41,6 +41,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.k = 4                 # episodes per question: avg@k and pass@k
     c.greedy = False        # True: temperature 0 (then use k=1)
     c.max_parallel = 128    # episodes in flight
+    # The run exits 1 (after writing every report) when more samples than this failed (an engine
+    # error, a request the engine refused, a scoring error; they are scored wrong and counted in the
+    # table's `failed`); -1 never fails the run.
+    c.max_failed_samples = 0
 
     # Tool set per benchmark name, source or kind (math / qa), then "default".
     c.tool_sets = ml_collections.ConfigDict(dict(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from absl import app, flags
 
@@ -36,6 +37,15 @@ def main(argv):
     with open(out["paths"]["table"]) as f:
         print("\n" + f.read())
     print(f"wall time: {out['wall_s']:.1f} s   outputs: {FLAGS.outdir}")
+    failed = {name: int(b.get("failed", 0)) for name, b in out["benchmarks"].items() if b.get("failed")}
+    limit = int(FLAGS.config.get("max_failed_samples", 0))
+    if failed and 0 <= limit < sum(failed.values()):
+        from reagent_jax.eval.results import ResultStore
+        reasons = ResultStore(out["results"]).failure_reasons(3)
+        print(f"error: {sum(failed.values())} sample(s) failed ({', '.join(f'{k}: {v}' for k, v in failed.items())}; "
+              f"first: {' | '.join(reasons)}); they are scored wrong in the table. Exiting 1 "
+              f"(--config.max_failed_samples={limit}; -1 never fails the run)", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

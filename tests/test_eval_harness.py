@@ -146,6 +146,21 @@ def test_evaluate_end_to_end_then_resume(workdir, tmp_path):
         assert server.count == 0 and "3 already scored, 0 to run" in proc.stderr
     recs = lines(out / "results.jsonl")[-6:]  # the re-scored lines (a later line replaces an earlier one)
 
+    # Failed samples (here: prompts longer than a 40-token engine) are loud: counted, named, exit 1;
+    # --config.max_failed_samples=-1 accepts them.
+    with FakeOpenAIServer(reply=grader) as server:
+        bad = [f for f in flags2 if not f.startswith("--config.rollout.max_len")] + ["--config.rollout.max_len=40",
+                                                                                    "--config.limit=1"]
+        cmd = [sys.executable, os.path.join(ROOT, "launch", "evaluate.py"), f"--outdir={tmp_path / 'failing'}"]
+        proc = subprocess.run(cmd + bad, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "REAGENT_NO_PROGRESS": "1"})
+        assert proc.returncode == 1, proc.stdout[-3000:]
+        assert "error: 4 sample(s) failed (bamboogle: 2, gsm8k: 2; first: bamboogle/0: " in proc.stderr
+        assert "max_len=40" in proc.stderr and "max_failed_samples=0" in proc.stderr
+        proc = subprocess.run(cmd + bad + ["--config.max_failed_samples=-1"], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "REAGENT_NO_PROGRESS": "1"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
     # In process, 4 questions now: only the new one of each benchmark runs.
     with FakeOpenAIServer(reply=grader) as server:
         res = from_config.run(config(workdir, limit=4, **{"agent.temperature": 0.5}, **judge(server)), str(out))

@@ -39,8 +39,9 @@ def _attempt_stats(samples_by_q: list[list[dict]], prefix: str) -> dict[str, Any
            f"{prefix}response_tokens": float(np.mean([t.get("response_length", 0) for t in trajs])),
            f"{prefix}finish": dict(collections.Counter(t.get("finish_reason", "?") for t in trajs)),
            f"{prefix}methods": dict(collections.Counter(s.get("method", "?") for s in flat)),
-           # samples whose episode or scoring failed: already counted wrong above, counted here too
-           f"{prefix}failed": sum(s.get("method") == "error" or t.get("finish_reason") == "error"
+           # samples whose episode or scoring failed (incl. a prompt the engine cannot hold): already
+           # counted wrong above, counted here too
+           f"{prefix}failed": sum(s.get("method") == "error" or t.get("finish_reason") == "error" or bool(t.get("error"))
                                   for s, t in zip(flat, trajs))}
     return out
 

@@ -128,6 +128,21 @@ class ResultStore:
         """The benchmark's lines made with the current settings."""
         return [r for (b, _), r in self._records.items() if b == benchmark and self.current(r)]
 
+    def failure_reasons(self, limit: int = 3) -> list[str]:
+        """'benchmark/id: reason' of the first failed samples (episode or scoring errors)."""
+        out = []
+        for rec in self._records.values():
+            if not self.current(rec):
+                continue
+            for sample in rec.get("samples", []):
+                traj = sample.get("trajectory") or {}
+                if traj.get("finish_reason") == "error" or sample.get("method") == "error" or traj.get("error"):
+                    reason = traj.get("error") or (sample.get("judge") or {}).get("reasoning") or "unknown error"
+                    out.append(f"{rec.get('id')}: {str(reason)[:200]}")
+                    if len(out) >= limit:
+                        return out
+        return out
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self._records.values())
 

@@ -329,6 +329,7 @@ def check_eval_config(config, *, num_devices: Optional[int] = None, check_paths:
     p.at_least("limit", 0)
     p.at_least("k", 1)
     p.at_least("max_parallel", 1)
+    p.at_least("max_failed_samples", -1)
     sets = p.get("tool_sets", None)
     for name in (sets.keys() if hasattr(sets, "keys") else ()):
         p.names_in(f"tool_sets.{name}", TOOL_NAMES)
