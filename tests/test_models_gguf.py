@@ -26,8 +26,8 @@ def test_smollm2_config_from_the_gguf_metadata(smollm2):
     cfg, _, ref, tok = smollm2
     assert (cfg.model_type, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
             cfg.vocab_size, cfg.tie_word_embeddings) == ("llama", 30, 576, 9, 3, 64, 49152, True)
-    assert cfg.rope_theta == ref.config.rope_parameters["rope_theta"] if hasattr(ref.config, "rope_parameters") \
-        else cfg.rope_theta == ref.config.rope_theta
+    rope = getattr(ref.config, "rope_parameters", None) or {"rope_theta": ref.config.rope_theta}
+    assert cfg.rope_theta == rope["rope_theta"]
     assert tok.eos_token == "<|im_end|>" and "<|im_start|>" in tok.chat_template
 
 

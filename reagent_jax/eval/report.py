@@ -21,6 +21,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from reagent_jax.eval import passk
+from reagent_jax.eval.results import sample_failed
 from reagent_jax.metrics import markdown_table
 
 
@@ -39,10 +40,8 @@ def _attempt_stats(samples_by_q: list[list[dict]], prefix: str) -> dict[str, Any
            f"{prefix}response_tokens": float(np.mean([t.get("response_length", 0) for t in trajs])),
            f"{prefix}finish": dict(collections.Counter(t.get("finish_reason", "?") for t in trajs)),
            f"{prefix}methods": dict(collections.Counter(s.get("method", "?") for s in flat)),
-           # samples whose episode or scoring failed (incl. a prompt the engine cannot hold): already
-           # counted wrong above, counted here too
-           f"{prefix}failed": sum(s.get("method") == "error" or t.get("finish_reason") == "error" or bool(t.get("error"))
-                                  for s, t in zip(flat, trajs))}
+           # already counted wrong above, counted here too
+           f"{prefix}failed": sum(sample_failed(s) for s in flat)}
     return out
 
 

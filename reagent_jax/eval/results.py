@@ -44,6 +44,13 @@ def changed_settings(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str
     return out
 
 
+def sample_failed(sample: Mapping[str, Any]) -> bool:
+    """A sample whose episode or scoring failed, incl. a prompt the engine cannot hold (it is in
+    the results, scored wrong, and counted as failed)."""
+    traj = sample.get("trajectory") or {}
+    return sample.get("method") == "error" or traj.get("finish_reason") == "error" or bool(traj.get("error"))
+
+
 class ResultStore:
     """settings: what produces the results (see the module docstring); None keeps every line."""
 
@@ -136,7 +143,7 @@ class ResultStore:
                 continue
             for sample in rec.get("samples", []):
                 traj = sample.get("trajectory") or {}
-                if traj.get("finish_reason") == "error" or sample.get("method") == "error" or traj.get("error"):
+                if sample_failed(sample):
                     reason = traj.get("error") or (sample.get("judge") or {}).get("reasoning") or "unknown error"
                     out.append(f"{rec.get('id')}: {str(reason)[:200]}")
                     if len(out) >= limit:
