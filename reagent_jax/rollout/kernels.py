@@ -23,6 +23,7 @@ compiles a handful of kernels. All functions are pure and jitted with cfg / mesh
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple, Optional, Sequence
 
 import jax
@@ -34,7 +35,7 @@ from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.functional import forward_with_cache
 from reagent_jax.models.qwen3 import Qwen3
 from reagent_jax.parallel.mesh import mesh_platform
-from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain
+from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain, logical_to_spec
 from reagent_jax.rollout.sampling import CHUNK, inverse_temperature, sample_vocab_major
 
 CACHE_AXES = ("layers", "cache_batch", "kv_heads", "cache_len", "head_dim")  # the CPU order; see models.kv_layout
@@ -98,8 +99,8 @@ def sampling_logits(cfg: Qwen3Config, params, h: jax.Array, mesh: Optional[Mesh]
     an optimization barrier, since XLA:CPU would otherwise fold the transpose into the GEMM and
     transpose the whole weight every step (2x slower decode, measured untied)."""
     project = lambda: Qwen3(cfg, mesh, rules).apply({"params": params}, h, method=Qwen3.project)  # [B, V]
-    if mesh_platform(mesh) != "cpu":
-        return project().T, None
+    if mesh_platform(mesh) != "cpu":  # split by vocabulary as the weight is: see `vocab_shards`
+        return constrain(project().T, ("logits_vocab", None), mesh, rules), None
     if jnp.dtype(cfg.compute_dtype) == jnp.float32:
         h32 = h.astype(jnp.float32)
         w = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]
@@ -114,6 +115,16 @@ def sampling_logits(cfg: Qwen3Config, params, h: jax.Array, mesh: Optional[Mesh]
             return (w[:, None, :] * h32[None]).sum(-1), None  # [V,1,E]*[1,B,E] -> [V, B]
         return (w[:, :, None] * h32.T[:, None, :]).sum(0), None  # [E,V,1]*[E,1,B]
     return jax.lax.optimization_barrier(project()).T, None
+
+
+def vocab_shards(cfg: Qwen3Config, mesh: Optional[Mesh], rules: Rules) -> int:
+    """Devices the sampler's [V, B] logits are split over on an accelerator mesh (1 on CPU,
+    where the CPU kernels and the gather-based chunk reads are the fast path)."""
+    if mesh is None or mesh_platform(mesh) == "cpu":
+        return 1
+    axes = logical_to_spec(("logits_vocab", None), (cfg.vocab_size, 1), mesh, rules)[0]
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    return int(math.prod(mesh.shape[a] for a in axes))
 
 
 class Sampling(NamedTuple):
@@ -148,7 +159,8 @@ def prefill(cfg: Qwen3Config, params, cache, tokens: jax.Array, write_index: jax
     logits, stats = sampling_logits(cfg, params, h_last, mesh, rules, inverse_temperature(sampling.temperature))
     positions = write_index + last_index + 1
     tok, lp = sample_vocab_major(logits, sampling.temperature, sampling.top_p, sampling.top_k, sampling.seeds,
-                                 positions, truncation=truncation, stats=stats)
+                                 positions, truncation=truncation, stats=stats,
+                                 vocab_shards=vocab_shards(cfg, mesh, rules))
     return _pin_cache(cache, mesh, rules), tok, lp
 
 
@@ -196,6 +208,7 @@ def decode(cfg: Qwen3Config, params, cache, state: DecodeState, *, num_steps: in
     n = state.tokens.shape[0]
     s = state.sampling
     inv_t = inverse_temperature(s.temperature)
+    shards = vocab_shards(cfg, mesh, rules)
     n_active = jnp.sum(state.active)
 
     def cond(carry):
@@ -210,7 +223,7 @@ def decode(cfg: Qwen3Config, params, cache, state: DecodeState, *, num_steps: in
         h, cache = _decode_hidden(cfg, params, st.tokens, cache, write, mesh, rules)  # h [N, E]
         logits, stats = sampling_logits(cfg, params, h, mesh, rules, inv_t)  # [V, N]
         tok, lp = sample_vocab_major(logits, s.temperature, s.top_p, s.top_k, s.seeds, st.lengths + 1,
-                                     truncation=truncation, stats=stats)
+                                     truncation=truncation, stats=stats, vocab_shards=shards)
         tok = jnp.where(st.active, tok, -1)
         out_tok = out_tok.at[i].set(tok)
         out_lp = out_lp.at[i].set(jnp.where(st.active, lp, 0.0))

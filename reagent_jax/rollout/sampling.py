@@ -109,10 +109,23 @@ CHUNK = 128  # vocabulary chunk of the two-level argmax, the draw and `chunk_sta
 _FAST_K = 256  # truncation is read off the top-_FAST_K values when they decide it
 
 
-def _chunked(x: jax.Array, fill: float) -> jax.Array:
-    """Vocabulary-major logits [V, B] -> [C, S, B] with S = CHUNK, the tail padded with `fill`."""
+def vocab_chunk(v: int, vocab_shards: int = 1) -> int:
+    """The chunk size S: CHUNK, or for logits split over `vocab_shards` devices the largest power
+    of two <= CHUNK that divides each device's share, so that no chunk straddles two devices and
+    [V, B] -> [C, S, B] is a local reshape (Qwen3's 151936 = 4 x 37984 = 4 x 32 x 1187: chunks of
+    128 would straddle, and XLA gathers the whole [V, B] to every device each step)."""
+    if vocab_shards <= 1 or v % vocab_shards:
+        return min(CHUNK, v)
+    s = min(CHUNK, v // vocab_shards)
+    while (v // vocab_shards) % s:
+        s //= 2
+    return s
+
+
+def _chunked(x: jax.Array, fill: float, s: int = CHUNK) -> jax.Array:
+    """Vocabulary-major logits [V, B] -> [C, S, B] with S = s, the tail padded with `fill`."""
     v, b = x.shape
-    s = min(CHUNK, v)
+    s = min(s, v)
     c = -(-v // s)
     if c * s != v:
         x = jnp.pad(x, ((0, c * s - v), (0, 0)), constant_values=fill)
@@ -205,15 +218,25 @@ def _keep(x: jax.Array, cut: jax.Array, key: jax.Array) -> jax.Array:
     return jnp.where(~cut[:, None] | (_order_key(x) >= key[:, None]), x, -jnp.inf)
 
 
+def _top_values(x: jax.Array, k: int, vocab_shards: int = 1) -> jax.Array:
+    """lax.top_k(x, k) values [B, k] of [B, V]; split over `vocab_shards` devices by V, each
+    device's own top k first, so only [B, shards * k] values cross the links, not [B, V]."""
+    b, v = x.shape
+    if vocab_shards <= 1 or v % vocab_shards or v // vocab_shards < k:
+        return jax.lax.top_k(x, k)[0]
+    local = jax.lax.top_k(x.reshape(b, vocab_shards, v // vocab_shards), k)[0]  # [B, shards, k]
+    return jax.lax.top_k(local.reshape(b, vocab_shards * k), k)[0]
+
+
 def truncation_threshold(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array, logz: Optional[jax.Array] = None,
-                         fast_k: int = _FAST_K) -> tuple[jax.Array, jax.Array]:
+                         fast_k: int = _FAST_K, vocab_shards: int = 1) -> tuple[jax.Array, jax.Array]:
     """`truncate`'s decision without applying it: (needs [B] bool, threshold [B] as an order key);
     row b keeps the values whose `_order_key` is >= threshold[b] when needs[b], else all."""
     v = scaled.shape[-1]
     needs = ((top_k > 0) & (top_k < v)) | (top_p < 1.0)  # [B]
     k = jnp.where((top_k > 0) & (top_k < v), top_k, jnp.iinfo(jnp.int32).max).astype(jnp.int32)
     logz = jax.nn.logsumexp(scaled, axis=-1) if logz is None else logz
-    top = jax.lax.top_k(scaled, min(fast_k, v))[0]  # [B, K] descending
+    top = _top_values(scaled, min(fast_k, v), vocab_shards)  # [B, K] descending
     thresh, decided = _threshold_from_top(top, logz, top_p, k)
     key = jax.lax.cond(jnp.any(needs & ~decided),
                        lambda: jnp.where(decided, _order_key(thresh),
@@ -237,28 +260,42 @@ def inverse_temperature(temperature: jax.Array) -> jax.Array:
     return jnp.where(greedy, 1.0, 1.0 / jnp.where(greedy, 1.0, temperature)).astype(jnp.float32)
 
 
-def chunk_stats(logits: jax.Array, inv_temperature: jax.Array) -> tuple[jax.Array, jax.Array]:
+def chunk_stats(logits: jax.Array, inv_temperature: jax.Array, s: int = CHUNK) -> tuple[jax.Array, jax.Array]:
     """Per vocabulary chunk of CHUNK rows and per row of vocabulary-major logits [V, B]: the
     maximum M [C, B] and sum(exp((logits - M) * inv_temperature)) [C, B]. All the sampler needs of
     the whole vocabulary; `cpu_gemm.vocab_logits` computes the same while it projects."""
-    l3 = _chunked(logits.astype(jnp.float32), -jnp.inf)  # [C, S, B]
+    l3 = _chunked(logits.astype(jnp.float32), -jnp.inf, s)  # [C, S, B]
     cmax = jnp.max(l3, axis=1)
     shift = jnp.where(jnp.isfinite(cmax), cmax, 0.0)  # a chunk of -inf logits sums to 0, not nan
     return cmax, jnp.sum(jnp.exp((l3 - shift[:, None]) * inv_temperature), axis=1)
 
 
-def _chunk_of(logits: jax.Array, c: jax.Array) -> jax.Array:
-    """Row b's chunk c[b] of vocabulary-major logits [V, B]: [B, S], -inf past the vocabulary."""
+def _chunk_of(logits: jax.Array, c: jax.Array, s: int = CHUNK, local: bool = False) -> jax.Array:
+    """Row b's chunk c[b] of vocabulary-major logits [V, B]: [B, S], -inf past the vocabulary.
+    local: a masked sum over the chunks instead of a gather, so logits split over devices by
+    vocabulary are reduced where they lie ([S, B] crosses the links, not [V, B])."""
     v, b = logits.shape
-    s = min(CHUNK, v)
+    s = min(s, v)
+    if local:
+        l3 = _chunked(logits, -jnp.inf, s)  # [C, S, B]
+        pick = (jnp.arange(l3.shape[0])[:, None] == c[None, :])[:, None, :]  # [C, 1, B]
+        return jnp.sum(jnp.where(pick, l3, 0.0), axis=0).T
     idx = c[:, None] * s + jnp.arange(s)[None, :]  # [B, S]
     vals = logits[jnp.minimum(idx, v - 1), jnp.arange(b)[:, None]]
     return jnp.where(idx < v, vals, -jnp.inf)
 
 
+def _token_logits(logits: jax.Array, tokens: jax.Array, local: bool) -> jax.Array:
+    """logits[tokens[b], b] [B] (local: a masked sum, as in `_chunk_of`)."""
+    if local:
+        return jnp.sum(jnp.where(jnp.arange(logits.shape[0])[:, None] == tokens[None, :], logits, 0.0), axis=0)
+    return logits[tokens, jnp.arange(logits.shape[1])]
+
+
 def sample_vocab_major(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array,
                        seeds: jax.Array, positions: jax.Array, truncation: bool = True,
-                       stats: Optional[tuple[jax.Array, jax.Array]] = None) -> tuple[jax.Array, jax.Array]:
+                       stats: Optional[tuple[jax.Array, jax.Array]] = None,
+                       vocab_shards: int = 1) -> tuple[jax.Array, jax.Array]:
     """`sample` on vocabulary-major logits [V, B] (what the decode projection writes on XLA:CPU,
     where transposing it to [B, V] cost ~1.7 ms per step at 16 x 151936).
 
@@ -275,19 +312,25 @@ def sample_vocab_major(logits: jax.Array, temperature: jax.Array, top_p: jax.Arr
     once the statistics are known. truncation=False (static) leaves the top-k / top-p code out of
     the program: the caller guarantees no row uses them (merely present, XLA:CPU charges it ~5 ms
     per call on a 152k vocabulary).
+
+    vocab_shards > 1 (static): the logits are split over that many devices along V (the engine's
+    tensor axis); chunks then follow the split (`vocab_chunk`) and every read of one row's chunk
+    or token is a masked reduction, so the draw is the same as unsplit and only [B]- and
+    [S, B]-sized values cross the links.
     """
     logits = logits.astype(jnp.float32)
     v, b = logits.shape
-    rows = jnp.arange(b)
+    local = vocab_shards > 1
+    s = vocab_chunk(v, vocab_shards)
     greedy = temperature < jnp.finfo(jnp.float32).tiny
     inv_t = inverse_temperature(temperature)
-    cmax, csum = chunk_stats(logits, inv_t) if stats is None else stats  # [C, B] each
+    cmax, csum = chunk_stats(logits, inv_t, s) if stats is None else stats  # [C, B] each
     top_chunk = jnp.argmax(cmax, axis=0)  # [B] first chunk holding the maximum
-    greedy_tok = (top_chunk * min(CHUNK, v) + jnp.argmax(_chunk_of(logits, top_chunk), axis=-1)).astype(jnp.int32)
+    greedy_tok = (top_chunk * min(s, v) + jnp.argmax(_chunk_of(logits, top_chunk, s, local), axis=-1)).astype(jnp.int32)
     # Scaled logits are taken relative to the row maximum m, so the top token sits at exactly 0
     # and every other one below it (dividing unshifted logits by a tiny T gave values ~1e7 whose
     # last bits differed between fusions: logprobs came out positive, or inf / nan at T = 1e-30).
-    m = cmax[top_chunk, rows]  # [B]
+    m = jnp.max(cmax, axis=0)  # [B], = cmax[top_chunk]
     chunk_logz = (cmax - m[None, :]) * inv_t[None, :] + jnp.log(csum)  # [C, B], the top chunk's >= 0
     logz = jax.nn.logsumexp(chunk_logz, axis=0)  # [B], >= 0
 
@@ -296,8 +339,9 @@ def sample_vocab_major(logits: jax.Array, temperature: jax.Array, top_p: jax.Arr
 
         def truncated():  # the threshold works row-major on the whole vocabulary: [B, V]
             scaled = ((logits - m[None, :]) * inv_t[None, :]).T
-            cut, key = truncation_threshold(scaled, jnp.where(needs, top_p, 1.0), jnp.where(needs, top_k, 0), logz)
-            return cut, key, jax.nn.logsumexp(_chunked(_keep(scaled, cut, key).T, -jnp.inf), axis=1)
+            cut, key = truncation_threshold(scaled, jnp.where(needs, top_p, 1.0), jnp.where(needs, top_k, 0), logz,
+                                            vocab_shards=vocab_shards)
+            return cut, key, jax.nn.logsumexp(_chunked(_keep(scaled, cut, key).T, -jnp.inf, s), axis=1)
 
         untruncated = lambda: (jnp.zeros(b, bool), jnp.zeros(b, jnp.uint32), chunk_logz)
         cut, key, mlogz = (jax.lax.cond(jnp.any(needs), truncated, untruncated) if truncation
@@ -306,11 +350,11 @@ def sample_vocab_major(logits: jax.Array, temperature: jax.Array, top_p: jax.Arr
             seeds.astype(jnp.uint32), positions.astype(jnp.int32))  # [B, 2, key]
         c_noise = jax.vmap(lambda k: jax.random.gumbel(k, mlogz.shape[:1], jnp.float32))(keys[:, 0])  # [B, C]
         c = jnp.argmax(mlogz.T + c_noise, axis=-1)  # [B]
-        row = _keep((_chunk_of(logits, c) - m[:, None]) * inv_t[:, None], cut, key)  # [B, S]
+        row = _keep((_chunk_of(logits, c, s, local) - m[:, None]) * inv_t[:, None], cut, key)  # [B, S]
         s_noise = jax.vmap(lambda k: jax.random.gumbel(k, row.shape[-1:], jnp.float32))(keys[:, 1])
         return (c * row.shape[-1] + jnp.argmax(row + s_noise, axis=-1)).astype(jnp.int32)
 
     drawn = jax.lax.cond(jnp.all(greedy), lambda _: greedy_tok, draw, None)
     tokens = jnp.minimum(jnp.where(greedy, greedy_tok, drawn), v - 1)
-    logprobs = (logits[tokens, rows] - m) * inv_t - logz
+    logprobs = (_token_logits(logits, tokens, local) - m) * inv_t - logz
     return tokens, logprobs
