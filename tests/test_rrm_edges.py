@@ -218,6 +218,17 @@ def test_lambda_schedule_extremes(kwargs, step, lam):
     assert strategies._lam(strategies.RRMConfig(**kwargs), step) == pytest.approx(lam)
 
 
+@pytest.mark.parametrize("cls", [strategies.ReagentR, strategies.ReagentU])
+def test_lambda_follows_the_training_step_so_a_resumed_run_keeps_its_schedule(cls):
+    """A strategy rebuilt on resume (a fresh object) at step 3 uses the lambda of step 3."""
+    cfg = strategies.RRMConfig(lam=0.4, lam_start=0.0, lam_warmup=4)
+    lams = []
+    for step in (0, 3, 3):  # step 3 twice: once in the first run, once by a fresh (resumed) strategy
+        loop = FakeLoop({"q1": r"\boxed{7}", "q2": r"\boxed{4}"}, {"q1": r"\boxed{7}", "q2": r"\boxed{3}"})
+        lams.append(cls(ScriptJudge(REPLIES), cfg).collect(loop, RECORDS, n=1, seed=0, step=step)[3]["rrm/lambda"])
+    assert lams == pytest.approx([0.0, 0.3, 0.3])
+
+
 # ---- local and rule judges: items they cannot judge get an explicit status, never a parse of ""
 
 

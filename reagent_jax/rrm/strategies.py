@@ -71,13 +71,12 @@ class ReagentR:
     name = "reagent_r"
 
     def __init__(self, judge, config: RRMConfig = RRMConfig()):
-        self.judge, self.config, self.step = judge, config, 0
+        self.judge, self.config = judge, config
 
-    def collect(self, loop, records, n, seed):
+    def collect(self, loop, records, n, seed, step: int = 0):
         trajs = loop.run(records, n=n, seed=seed)
         js = judge_trajectories(self.judge, trajs)
-        lam = _lam(self.config, self.step)
-        self.step += 1
+        lam = _lam(self.config, step)  # the training step, not a counter here: a resumed run keeps its schedule
         rule = np.array([rule_reward(t) for t in trajs], np.float32)
         model = np.array([j.score for j in js], np.float32)
         groups = np.repeat(np.arange(len(records)), n).astype(np.int32)
@@ -90,14 +89,13 @@ class ReagentU:
     rows_per_episode = 2
 
     def __init__(self, judge, config: RRMConfig = RRMConfig()):
-        self.judge, self.config, self.step = judge, config, 0
+        self.judge, self.config = judge, config
 
-    def collect(self, loop, records, n, seed):
+    def collect(self, loop, records, n, seed, step: int = 0):
         keep = len(records) * n <= getattr(loop.engine, "num_slots", 0)  # cache reuse when all fit
         first = loop.run(records, n=n, seed=seed, keep_sessions=keep)
         js = judge_trajectories(self.judge, first)
-        lam = _lam(self.config, self.step)
-        self.step += 1
+        lam = _lam(self.config, step)  # the training step, not a counter here: a resumed run keeps its schedule
         todo = [i for i, j in enumerate(js) if j.score < self.config.refine_below and first[i].finish_reason != "error"]
         loop.release([t for i, t in enumerate(first) if i not in set(todo)])
         refined = loop.continue_many([(first[i], [build_refinement_message(js[i].critique)]) for i in todo])

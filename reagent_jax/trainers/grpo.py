@@ -48,7 +48,7 @@ class PlainGRPO:
     """Rule reward only: each question's n episodes form its group."""
     name = "grpo"
 
-    def collect(self, loop, records, n, seed):
+    def collect(self, loop, records, n, seed, step: int = 0):
         trajs = loop.run(records, n=n, seed=seed)
         scores = [rule_reward(t) for t in trajs]
         groups = [j for j in range(len(records)) for _ in range(n)]
@@ -169,7 +169,7 @@ def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strateg
         idx = batch_indices(len(records), gcfg.questions_per_step, step, seed)
         t0 = time.perf_counter()
         trajs, scores, groups, extra = strategy.collect(loop, [records[i] for i in idx], gcfg.n,
-                                                        seed=seed * 100_003 + step)
+                                                        seed=seed * 100_003 + step, step=step)
         t_gen = time.perf_counter() - t0
         loop.engine.free_weights()  # their HBM goes to the update; the next step syncs a new copy
         adv, keep, finite = episode_advantages(adv_fn, trajs, scores, groups, gcfg.drop_equal_reward_groups)
