@@ -49,9 +49,30 @@ def define_config_file(name: str, default: Optional[str], help_string: str) -> N
 
 
 def run_checked(check: Callable[[], None]) -> None:
-    """Runs a config check; a ConfigError ends the program with its message (no traceback)."""
+    """Runs a config check; a ConfigError, or a config file that did not load (ml_collections
+    reports that on first use), ends the program with one message (no traceback)."""
     try:
         check()
     except ConfigError as e:
         print(f"FATAL invalid config: {e}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as e:
+        if "config" not in str(e).lower():
+            raise
+        reason = [line.strip() for line in str(e).splitlines() if line.strip()]
+        attempted = [line for line in reason if line.endswith(".py") or line.startswith("[Errno")]
+        print(f"FATAL cannot load the config file: {' '.join(attempted) or reason[-1]}", file=sys.stderr)
+        sys.exit(1)
+
+
+def writable_dir_or_exit(flag: str, path: str) -> None:
+    """Creates `path` (and parents) and checks a file can be written there, else one FATAL line."""
+    import os
+    import tempfile
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        print(f"FATAL --{flag}={path}: not a writable directory ({e.strerror or e})", file=sys.stderr)
         sys.exit(1)

@@ -32,6 +32,7 @@ def main(argv):
     logging.getLogger().setLevel(logging.INFO)
     import jax
     config_checks.run_checked(lambda: config_checks.check_eval_config(FLAGS.config, num_devices=jax.device_count()))
+    config_checks.writable_dir_or_exit("outdir", FLAGS.outdir)
     from reagent_jax.eval import from_config
     out = from_config.run(FLAGS.config, FLAGS.outdir)
     with open(out["paths"]["table"]) as f:

@@ -12,6 +12,9 @@ The config is checked first (reagent_jax/trainers/config_checks.py): invalid fie
 from __future__ import annotations
 
 import logging
+import shlex
+import signal
+import sys
 
 from absl import app, flags
 
@@ -33,6 +36,27 @@ def main(argv):
     import jax
     config_checks.run_checked(lambda: config_checks.check_train_config(config, FLAGS.workdir,
                                                                        num_devices=jax.device_count()))
+    config_checks.writable_dir_or_exit("workdir", FLAGS.workdir)
+    from reagent_jax.trainers.interrupt import StopRequested
+    resume = "resume with: " + " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
+    signal.signal(signal.SIGTERM, _sigterm_outside_a_stage)
+    try:
+        _run_pipeline(config)
+    except StopRequested as e:
+        print(f"{e}; {resume}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted outside a training step (finished stages are kept, an unfinished one resumes from "
+              f"its last checkpoint); {resume}", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
+
+
+def _sigterm_outside_a_stage(signum, frame):
+    """SIGTERM during evaluation or set-up: stop like Ctrl-C (stages install their own handler)."""
+    raise KeyboardInterrupt
+
+
+def _run_pipeline(config) -> None:
     pipeline = config.get("pipeline", "agent")
     if pipeline == "agent":
         from reagent_jax.trainers import agent_pipeline

@@ -385,3 +385,33 @@ def test_load_policy_from_an_hf_dir(tok, tmp_path, hf_qwen3):
         load_policy(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="not a directory"):
         load_policy(str(tmp_path / "nowhere"))
+
+
+def _samples(text, name):
+    """{labels-string: value} of one metric in Prometheus text format."""
+    from prometheus_client.parser import text_string_to_metric_families
+    return {tuple(sorted(s.labels.items())): s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples if s.name == name}
+
+
+def test_prometheus_metrics_count_requests_tokens_and_latency(live):
+    base = live["server"].base_url.replace("/v1", "")
+    before = httpx.get(base + "/metrics").text
+    prompt_before = sum(_samples(before, "reagent_engine_prompt_tokens_total").values())
+    r = live["client"].chat.completions.create(model="tiny", messages=USER, max_tokens=5, temperature=0.0)
+    chunks = list(live["client"].chat.completions.create(model="tiny", messages=USER, max_tokens=3, stream=True))
+    assert chunks and post(live["server"], "/chat/completions", {"messages": "nope"}).status_code == 400
+    resp = httpx.get(base + "/metrics")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain; version=0.0.4")
+    text = resp.text
+    ok = ("endpoint", "/v1/chat/completions"), ("status", "200")
+    bad = ("endpoint", "/v1/chat/completions"), ("status", "400")
+    requests = _samples(text, "reagent_http_requests_total")
+    assert requests[ok] - _samples(before, "reagent_http_requests_total").get(ok, 0) == 2
+    assert requests[bad] >= 1
+    latency = _samples(text, "reagent_http_request_duration_seconds_count")
+    assert latency[(("endpoint", "/v1/chat/completions"),)] >= 3
+    prompt = sum(_samples(text, "reagent_engine_prompt_tokens_total").values())
+    assert prompt - prompt_before >= r.usage.prompt_tokens
+    assert _samples(text, "reagent_engine_free_slots")[(("model", "tiny-agent"),)] == 8  # all done
+    assert _samples(text, "reagent_http_requests_in_flight")[()] == 0

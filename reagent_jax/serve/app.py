@@ -2,6 +2,7 @@
 
     app = make_app([ModelService(engine, tok, "my-agent")], api_key=None)
     GET  /health                    liveness + engine counters (no auth)
+    GET  /metrics                   Prometheus text format (no auth): requests, latency, tokens, slots
     GET  /v1/models, /v1/models/{id}
     POST /v1/chat/completions       messages, tools, temperature/top_p/max_tokens/stop/seed/n, stream
     POST /v1/completions            prompt (text or token ids), same sampling fields, echo
@@ -24,11 +25,12 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from reagent_jax.serve import protocol
 from reagent_jax.serve.errors import APIError, bad_request
+from reagent_jax.serve.metrics import CONTENT_TYPE, ServerMetrics, TimedRequests
 from reagent_jax.serve.service import ModelService
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,8 @@ def make_app(services: ModelService | Sequence[ModelService], *, api_key: Option
     workers = anyio.CapacityLimiter(inflight.limit + 8)
     app = FastAPI(title="reagent-jax OpenAI-compatible server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.inflight = inflight
+    app.state.metrics = ServerMetrics(services, lambda: inflight.count)
+    app.add_middleware(TimedRequests, metrics=app.state.metrics)
 
     def error_response(e: APIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
@@ -199,6 +203,10 @@ def make_app(services: ModelService | Sequence[ModelService], *, api_key: Option
     async def health():
         return {"status": "ok", "models": sorted(by_name), "in_flight": inflight.count,
                 "engines": {s.name: _jsonable(s.engine.stats()) for s in services}}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(app.state.metrics.exposition(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def list_models(request: Request):

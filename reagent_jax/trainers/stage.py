@@ -33,6 +33,7 @@ from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.flops import train_flops
 from reagent_jax.models.functional import param_shapes, param_shardings
 from reagent_jax.rl import train_step as ts
+from reagent_jax.trainers.interrupt import StopRequested, stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +95,28 @@ class StageRunner:
             if self.start_step > total_steps:
                 log.warning("%s: the checkpoint is at step %d, past total_steps=%d; nothing left to train",
                             stage, self.start_step, total_steps)
+        self.saved_step = self.start_step
+        self._warn_redone_steps()
         # metrics of step s are logged at s + 1: a (re)started run replaces everything from
         # start_step + 1 on, including what a run killed before its first checkpoint wrote
         self.writer = metrics_lib.MetricsWriter(self.dir, resume_step=self.start_step + 1)
         self.progress_keys = list(progress_keys)
+
+    def _warn_redone_steps(self) -> None:
+        """A run killed between checkpoints logged steps it has to train again: say which."""
+        try:
+            logged = [int(m["step"]) for m in metrics_lib.read_metrics(self.dir)]
+        except (FileNotFoundError, KeyError, ValueError):
+            return
+        redone = [s for s in logged if s > self.start_step]
+        if redone:
+            log.warning("%s: steps %d-%d were logged after the last checkpoint (step %d) by an interrupted run; "
+                        "they are trained again and their metrics replaced", self.stage, min(redone), max(redone),
+                        self.start_step)
+
+    def _save(self, step: int) -> None:
+        self.ckpt.save(step, self.state, {"step": step, "stage": self.stage, **self._settings()})
+        self.saved_step = step
 
     def _settings(self) -> dict:
         return {"model": _jsonable(dataclasses.asdict(self.model_cfg)),
@@ -158,6 +177,12 @@ class StageRunner:
         """Runs steps [start_step, total_steps); returns the final params (also saved to final/)."""
         bar = metrics_lib.ProgressBar(self.total_steps, desc=self.stage, keys=self.progress_keys,
                                       initial=self.start_step, log_every=max(1, self.total_steps // 10))
+        with stop_on_signals(self.stage, lambda: self.saved_step) as stop:
+            self._loop(batch_fn, after_step, bar, stop)
+        checkpoint.save_params(self.ctx.final_dir(self.stage), self.model_cfg, self.state.params)
+        return self.state.params
+
+    def _loop(self, batch_fn: BatchFn, after_step, bar, stop) -> None:
         try:
             for step in range(self.start_step, self.total_steps):
                 t0 = time.perf_counter()
@@ -177,10 +202,11 @@ class StageRunner:
                     m.update(after_step(step, m) or {})
                 self.writer.write(step + 1, m)
                 bar.update(1, m)
-                if (step + 1) % self.checkpoint_every == 0 or step + 1 == self.total_steps:
-                    self.ckpt.save(step + 1, self.state, {"step": step + 1, "stage": self.stage, **self._settings()})
+                stop.agree()
+                if (step + 1) % self.checkpoint_every == 0 or step + 1 == self.total_steps or stop.requested:
+                    self._save(step + 1)
+                if stop.requested and step + 1 < self.total_steps:
+                    raise StopRequested(self.stage, step + 1, stop.signum)
         finally:
             bar.close()
             self.writer.close()
-        checkpoint.save_params(self.ctx.final_dir(self.stage), self.model_cfg, self.state.params)
-        return self.state.params
