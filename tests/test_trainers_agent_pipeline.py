@@ -59,3 +59,33 @@ def test_training_from_files_without_an_evaluation_set_finishes(tmp_path):
     for _ in range(2):  # the second run finds the finished stage
         summary = agent_pipeline.run(c, str(tmp_path / "run"))
         assert summary["table"] == [] and os.path.exists(tmp_path / "run" / "summary.json")
+
+
+def test_smollm2_gsm8k_config_runs_sft_and_a_grpo_step_end_to_end(tmp_path, smollm2_dir):
+    """configs/smollm2_gsm8k.py at a tiny scale: the real pretrained model with its own tokenizer
+    and ChatML template, SFT on GSM8K expert trajectories, one GRPO step with the rule reward,
+    evaluation after each stage; the stage outputs carry the model's tokenizer for serving."""
+    import json
+    import os
+    from tests.test_configs import _load
+    from reagent_jax import chat, serve
+    c = _load("smollm2_gsm8k")
+    if not os.path.isfile(c.data.train_path):
+        import pytest
+        pytest.skip("shared GSM8K files not present")
+    c.model.init_from = smollm2_dir
+    c.agent.update(dict(max_turns=2, max_tokens_per_turn=16))
+    c.rollout.update(dict(num_slots=4, max_len=512, prefill_chunk=256, decode_steps=8))
+    c.sft.update(dict(steps=1, batch_size=2, num_examples=2, max_len=512))
+    c.grpo.update(dict(steps=1, questions_per_step=1, n=2, micro_batches=1))
+    c.eval.update(dict(num_questions=1, max_turns=2))
+    workdir = tmp_path / "run"
+    summary = agent_pipeline.run(c, str(workdir))
+    assert [row["policy"] for row in summary["table"]] == ["init", "sft", "grpo"]
+    metrics = [json.loads(line) for line in open(workdir / "grpo" / "metrics.jsonl")]
+    assert metrics and all(m["grpo/score"] in (0.0, 0.5, 1.0) for m in metrics if "grpo/score" in m)
+    tok = chat.load_tokenizer(serve.find_tokenizer(str(workdir / "grpo" / "final")))
+    assert tok.chat_template == chat.load_tokenizer(smollm2_dir).chat_template
+    traj = json.loads(open(workdir / "eval_grpo.jsonl").readline())
+    assert traj["messages"][0]["content"] == c.agent.system_prompt and not traj["error"]
+    assert traj["finish_reason"] in ("answer", "no_answer", "max_turns")

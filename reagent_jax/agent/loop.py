@@ -21,7 +21,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from reagent_jax import chat
 from reagent_jax.agent import tools
@@ -78,7 +78,8 @@ class AgentLoop:
             schemas = [s for s in schemas if s["function"]["name"] in set(tool_names)]
         self.tool_schemas = schemas
         self.tool_names = [s["function"]["name"] for s in schemas]
-        self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.stop_ids = chat.stop_token_ids(tokenizer)
+        self.end_of_turn = chat.end_of_turn_token(tokenizer)
 
     # ---- prompts ------------------------------------------------------------------------------
     def prompt_messages(self, record: dict) -> list[dict]:
@@ -97,9 +98,9 @@ class AgentLoop:
         c = self.config
         if greedy:
             return SamplingParams(temperature=0.0, max_new_tokens=c.max_tokens_per_turn,
-                                  stop_token_ids=(self.im_end,), seed=seed)
+                                  stop_token_ids=self.stop_ids, seed=seed)
         return SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=seed,
-                              max_new_tokens=c.max_tokens_per_turn, stop_token_ids=(self.im_end,))
+                              max_new_tokens=c.max_tokens_per_turn, stop_token_ids=self.stop_ids)
 
     # ---- running ------------------------------------------------------------------------------
     def run(self, records: Sequence[dict], n: int = 1, greedy: bool = False, seed: Optional[int] = None,
@@ -210,7 +211,7 @@ class AgentLoop:
                 traj.logprobs.extend(float(x) for x in res.logprobs)
                 traj.turn_spans.append((start, len(traj.tokens)))
                 text = self.tok.decode(res.tokens, skip_special_tokens=False)
-                text = text[:-len("<|im_end|>")] if text.endswith("<|im_end|>") else text
+                text = text.removesuffix(self.end_of_turn)
                 message, items = self._turn_message(text)
                 traj.messages.append(message)
                 traj.final_text = text

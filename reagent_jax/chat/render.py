@@ -75,10 +75,9 @@ _EMPTY_THINK = "<think>\n\n</think>\n\n"
 _TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
                  "You are provided with function signatures within <tools></tools> XML tags:\n"
                  "<tools>")
-_TOOLS_FOOTER = ("\n</tools>\n\nFor each function call, return a json object with function name "
-                 "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-                 "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
-                 "<|im_end|>\n")
+_TOOLS_INSTRUCTIONS = ("\n</tools>\n\nFor each function call, return a json object with function "
+                       "name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                       "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>")
 
 
 @dataclass(frozen=True)
@@ -282,16 +281,20 @@ def _check_tools(tools: Any) -> None:
                             f"got {type(tool).__name__}{hint}")
 
 
+def tools_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The Qwen3 template's tool instructions (schemas as JSON lines, the `<tool_call>` format);
+    other templates without tool support get the same text in their system prompt."""
+    schemas = "".join("\n" + _tojson_at(tool, f"tools[{k}]") for k, tool in enumerate(tools))
+    return _TOOLS_HEADER + schemas + _TOOLS_INSTRUCTIONS
+
+
 def _header(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None) -> str:
     has_system = bool(messages) and messages[0]["role"] == "system"
     if tools:
         text = "<|im_start|>system\n"
         if has_system:
             text += _content(messages[0], 0) + "\n\n"
-        text += _TOOLS_HEADER
-        for k, tool in enumerate(tools):
-            text += "\n" + _tojson_at(tool, f"tools[{k}]")
-        return text + _TOOLS_FOOTER
+        return text + tools_prompt(tools) + "<|im_end|>\n"
     if has_system:
         return "<|im_start|>system\n" + _content(messages[0], 0) + "<|im_end|>\n"
     return ""

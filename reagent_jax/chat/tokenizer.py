@@ -20,7 +20,6 @@ import base64
 import hashlib
 import os
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import BPE
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from reagent_jax.cache import build_once, cache_root
 from reagent_jax.chat import vocab
 
 _BUILD_VERSION = "1"  # bump when the built tokenizer changes, so stale caches are not reused
@@ -44,14 +44,6 @@ def qwen_tiktoken_path() -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"dashscope is installed but {path} is missing; reinstall dashscope")
     return path
-
-
-def cache_root() -> Path:
-    """$REAGENT_JAX_CACHE, else $XDG_CACHE_HOME/reagent_jax, else ~/.cache/reagent_jax."""
-    if os.environ.get("REAGENT_JAX_CACHE"):
-        return Path(os.environ["REAGENT_JAX_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "reagent_jax"
 
 
 def read_tiktoken_ranks(path: str | os.PathLike) -> dict[bytes, int]:
@@ -142,21 +134,12 @@ def load_qwen3_tokenizer() -> PreTrainedTokenizerFast:
             warnings.warn(f"ignoring unreadable tokenizer cache {cached}: {e}")
             shutil.rmtree(cached, ignore_errors=True)
     tok = build_qwen3_tokenizer(src)
-    tmp = None
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=cached.name + ".tmp-", dir=cached.parent))
-        tok.save_pretrained(str(tmp))
-        os.rename(tmp, cached)  # atomic: concurrent builders never see a half-written dir
-        tmp = None
+        build_once(cached, lambda tmp: tok.save_pretrained(str(tmp)))
     except OSError as e:
-        if not (cached / "tokenizer.json").is_file():  # else another process won the race
-            warnings.warn(f"could not cache the Qwen3 tokenizer under {cached.parent}: {e}; "
-                          "set REAGENT_JAX_CACHE to a writable directory to make later loads fast",
-                          stacklevel=2)
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        warnings.warn(f"could not cache the Qwen3 tokenizer under {cached.parent}: {e}; "
+                      "set REAGENT_JAX_CACHE to a writable directory to make later loads fast",
+                      stacklevel=2)
     return tok
 
 
@@ -164,9 +147,10 @@ def load_tokenizer(path: str | os.PathLike | None = None) -> PreTrainedTokenizer
     """`None`: the real Qwen3 tokenizer, offline. A path: a local HF tokenizer directory.
 
     The directory may be a Qwen3 checkpoint, a `save_pretrained` of a tokenizer from this module,
-    or one from `build_compact_tokenizer`. It must encode the Qwen3 chat control tokens
-    (`<|im_start|>`, `<|im_end|>`, `<think>`, `<tool_call>`, ...) as single tokens, since the
-    renderer and the parser rely on them.
+    one from `build_compact_tokenizer`, or any model's tokenizer with its own chat template
+    (SmolLM2, Llama 3, Qwen2.5, ...): `chat.render` then renders that template. A tokenizer
+    with no chat template must encode the Qwen3 control tokens (`<|im_start|>`, `<|im_end|>`,
+    `<think>`, `<tool_call>`, ...) as single tokens, since it is then rendered as Qwen3.
     """
     if path is None:
         return load_qwen3_tokenizer()
@@ -181,8 +165,11 @@ def load_tokenizer(path: str | os.PathLike | None = None) -> PreTrainedTokenizer
         tok = _load_dir(p)
     except Exception as e:
         raise ValueError(f"load_tokenizer: transformers could not load {p}: {e}") from e
+    if getattr(tok, "chat_template", None):
+        return tok
     missing = vocab.missing_chat_tokens(tok)
     if missing:
-        raise ValueError(f"load_tokenizer: {p} does not encode {missing} as single tokens; "
-                         "reagent_jax needs a Qwen3-style chat vocabulary")
+        raise ValueError(f"load_tokenizer: {p} has no chat template and does not encode {missing} "
+                         "as single tokens; give it the model's chat template "
+                         "(chat_template.jinja) or use a Qwen3-style chat vocabulary")
     return tok

@@ -111,8 +111,7 @@ class EngineJudge:
 
     def __init__(self, engine, tokenizer, config: JudgeConfig = JudgeConfig()):
         self.engine, self.tok, self.config = engine, tokenizer, config
-        self.stop_ids = tuple(i for i in (tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                                          tokenizer.convert_tokens_to_ids("<|endoftext|>")) if isinstance(i, int))
+        self.stop_ids = chat.stop_token_ids(tokenizer)
 
     # ---- prompts and sampling ----------------------------------------------------------------
     def _prompt(self, messages, prefix: str = "") -> list[int]:

@@ -152,7 +152,7 @@ def engine_solution_sampler(engine, tokenizer, *, temperature: float = 0.8, top_
     from reagent_jax import chat
     from reagent_jax.evalplanner.judge import request_seed
     from reagent_jax.rollout import SamplingParams
-    stop = (tokenizer.convert_tokens_to_ids("<|im_end|>"),)
+    stop = chat.stop_token_ids(tokenizer)
 
     def sample(questions: list[str], n: int) -> list[list[str]]:
         prompts, samplings = [], []

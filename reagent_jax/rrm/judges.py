@@ -22,7 +22,7 @@ class LocalJudge:
         self.engine, self.tok = engine, tokenizer
         self.max_tool_chars, self.multi_dim, self.fallback = max_tool_chars, multi_dim, fallback_score
         self.sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                                       stop_token_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),))
+                                       stop_token_ids=chat.stop_token_ids(tokenizer))
         self.stats = JudgementStats()
 
     def prompt_ids(self, question: str, trajectory: Sequence[dict], tools=None) -> list[int]:

@@ -76,8 +76,8 @@ class RRMCollect:
         self.tok, self.temperature, self.max_new, self.max_tool_chars = tokenizer, temperature, max_new_tokens, max_tool_chars
         self.stats = JudgementStats()
 
-    def collect(self, loop, records, n, seed):
-        im_end = self.tok.convert_tokens_to_ids("<|im_end|>")
+    def collect(self, loop, records, n, seed, step: int = 0):
+        stop = chat.stop_token_ids(self.tok)
         for j, rec in enumerate(records):  # before any sampling: a bad label must not cost a rollout
             try:
                 check_target(rec.get("target"))
@@ -91,7 +91,7 @@ class RRMCollect:
             for i in range(n):
                 prompts.append(ids)
                 meta.append((j, i))
-        sps = [SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new, stop_token_ids=(im_end,),
+        sps = [SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new, stop_token_ids=stop,
                               seed=(seed * 1_000_003 + k) % (2 ** 31)) for k in range(len(prompts))]
         results = loop.engine.generate(prompts, sps)
         trajs, scores, format_ok = [], [], []

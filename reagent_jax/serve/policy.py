@@ -48,10 +48,13 @@ def find_tokenizer(path: str) -> Optional[str]:
 def load_policy(path: str, tokenizer_path: Optional[str] = None, *, dtype: Optional[str] = None,
                 mesh=None) -> Policy:
     """Weights (placed on `mesh` when given), config and tokenizer of a checkpoint directory.
-    dtype: parameter and compute dtype for HF checkpoints (default: float32)."""
+    dtype: parameter and compute dtype for HF checkpoints (default: float32). A GGUF file (or
+    "smollm2") is converted once per machine to an HF directory first (models.gguf_checkpoint)."""
+    if path and models.is_gguf_source(path):
+        path = models.gguf_checkpoint(path)
     if not path or not os.path.isdir(path):
-        raise FileNotFoundError(f"policy path {path!r} is not a directory (expected an HF checkpoint or a "
-                                "reagent_jax params directory such as workdir/grpo/final)")
+        raise FileNotFoundError(f"policy path {path!r} is not a directory (expected an HF checkpoint, a "
+                                "reagent_jax params directory such as workdir/grpo/final, or a .gguf file)")
     if checkpoint.is_params_dir(path):
         cfg, params = checkpoint.load_params(path, mesh=mesh)
         kind = "reagent"

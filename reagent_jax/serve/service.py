@@ -25,7 +25,7 @@ from reagent_jax.serve import protocol, responses
 from reagent_jax.serve.errors import APIError, bad_request
 from reagent_jax.serve.protocol import ChatRequest, CompletionRequest, ServerLimits
 
-EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
+EXTRA_EOS_TOKENS = ("<|endoftext|>",)  # base models end documents here
 CHECK_S = 0.25  # how often a blocking request checks whether its client is still there
 
 
@@ -59,7 +59,8 @@ class ModelService:
         self.max_len = int(engine.max_len)
         self.max_prompt_tokens = min(limits.max_prompt_tokens or self.max_len - 1, self.max_len - 1)
         vocab = tokenizer.get_vocab()
-        self.eos_ids = tuple(vocab[t] for t in EOS_TOKENS if t in vocab)
+        extra = [vocab[t] for t in EXTRA_EOS_TOKENS if t in vocab]
+        self.eos_ids = tuple(dict.fromkeys([*chat.stop_token_ids(tokenizer), *extra]))
         self.created = int(time.time())
         self._counter = itertools.count()
         engine.start_background()

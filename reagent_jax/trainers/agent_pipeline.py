@@ -53,10 +53,14 @@ def load_records(ctx) -> tuple[list[dict], list[dict]]:
     return train, heldout
 
 
-def sft_conversations(ctx, registry, loop) -> list[list[dict]]:
+def sft_conversations(ctx, registry, loop, train_records) -> list[list[dict]]:
+    """Expert trajectories of the synthetic world, the worked solutions of the training rows
+    (`data.sft_from="solutions"`: GSM8K-style calculator annotations), or `data.sft_path` rows."""
     if ctx.world is not None:
         return expert_conversations(ctx, registry, loop, ctx.world.train)
     from reagent_jax import data
+    if ctx.config.data.get("sft_from", "") == "solutions":
+        return solution_conversations(ctx, registry, loop, train_records)
     if not ctx.config.data.sft_path:
         raise ValueError("the sft stage needs config.data.sft_path (agent SFT JSONL) without a synthetic world")
     return [list(r["messages"]) for r in data.JsonlSource(ctx.config.data.sft_path, data.AGENT_SFT)]
@@ -73,6 +77,26 @@ def expert_conversations(ctx, registry, loop: AgentLoop, questions) -> list[list
         return list(pool.map(lambda q, h: envs.expert_trajectory(ctx.world, q, tools=real, system_prompt=system,
                                                                  by_hand=h),
                              questions, by_hand))
+
+
+def solution_conversations(ctx, registry, loop, records) -> list[list[dict]]:
+    """SFT conversations from the first `sft.num_examples` training rows with a worked solution."""
+    real = envs.RegistryTools(registry)
+    limit = ctx.config.sft.get("num_examples", 0) or len(records)
+    convs, skipped = [], 0
+    for rec in records:
+        if len(convs) >= limit:
+            break
+        conv = envs.annotated_trajectory(rec, real.python, system_prompt=loop.config.system_prompt)
+        if conv is None:
+            skipped += 1
+        else:
+            convs.append(conv)
+    if skipped:
+        log.warning("SFT: %d training rows have no meta.solution and give no demonstration", skipped)
+    if not convs:
+        raise ValueError("data.sft_from='solutions' but no training row has a worked solution in meta.solution")
+    return convs
 
 
 def make_judge(ctx, registry):
@@ -159,7 +183,7 @@ def run(config, workdir: str) -> dict:
     tool_names = registry.names
     agent_cfg = AgentConfig(max_turns=a.max_turns, max_tokens_per_turn=a.max_tokens_per_turn,
                             temperature=a.temperature, top_p=a.top_p, include_tool_schemas=a.include_tool_schemas,
-                            seed=config.seed)
+                            seed=config.seed, **({"system_prompt": a.system_prompt} if "system_prompt" in a else {}))
     loop = AgentLoop(engine, ctx.tokenizer, registry, agent_cfg, tool_names=tool_names)
     eval_loop = AgentLoop(engine, ctx.tokenizer, registry,
                           AgentConfig(**{**agent_cfg.__dict__, "max_turns": config.eval.max_turns}), tool_names)
@@ -177,7 +201,7 @@ def run(config, workdir: str) -> dict:
                     f.write(json.dumps(t.to_json()) + "\n")
             return ev
 
-        evaluate(start_from or "random_init")
+        evaluate(start_from or ("init" if config.model.init_from else "random_init"))
         judge = None
         for stage in stages:
             if stage.startswith("rrm_"):
@@ -188,7 +212,7 @@ def run(config, workdir: str) -> dict:
                 log.info("%s already finished; loading its final params", stage)
                 cfg, params = load_policy(ctx, stage)
             elif stage == "sft":
-                convs = sft_conversations(ctx, registry, loop)
+                convs = sft_conversations(ctx, registry, loop, train_records)
                 tools_schema = loop.tool_schemas if a.include_tool_schemas else None
                 examples = render_examples(ctx.tokenizer, convs, tools=tools_schema, max_len=config.sft.max_len)
                 params = run_sft(ctx, cfg, params, examples, config.sft, seed=config.seed)

