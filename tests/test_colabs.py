@@ -60,7 +60,8 @@ def has_image(nb):
 
 # name -> strings the executed notebook must print (each shows a step actually ran)
 EXPECT = {
-    "01_quickstart_agent.ipynb": ["| random_init", "| grpo", "sampled by the policy (loss mask)"],
+    "01_quickstart_agent.ipynb": ["| random_init", "| grpo", "sampled by the policy (loss mask)",
+                                  "SmolLM2 on a GSM8K question: score"],
     "02_agent_rrm.ipynb": ["misread_value", "attempt 1 accuracy", "local Agent-RRM"],
     "03_evalplanner_judge.ipynb": ["DPO pairs", "| dpo_r2", "plans for"],
 }

@@ -2,6 +2,7 @@
 back, and the harness reporting (not dropping) broken rows and failed samples, and stopping
 promptly without losing scored questions. The harness runs with a stub episode: no model."""
 import collections
+import functools
 import itertools
 import json
 import threading
@@ -11,6 +12,7 @@ from math import comb
 import numpy as np
 import pytest
 
+from reagent_jax import chat
 from reagent_jax.agent.trajectory import Trajectory
 from reagent_jax.eval import harness, passk
 from reagent_jax.eval.harness import BenchmarkSpec, EvalSettings, Evaluator
@@ -102,9 +104,10 @@ def test_write_reports_then_read_gives_the_same_numbers(tmp_path):
 
 
 # ---- the harness with a stub episode ------------------------------------------------------------------
-class StubTokenizer:
-    def convert_tokens_to_ids(self, token):
-        return 0
+@functools.lru_cache(maxsize=1)
+def compact_tokenizer():
+    """A real (compact) tokenizer: the agent loop reads its chat template's stop tokens."""
+    return chat.build_compact_tokenizer(["question answer nope"], vocab_size=300)
 
 
 def stub_episode(record, index, finish="answer"):
@@ -125,7 +128,7 @@ def bench_file(tmp_path, n, broken=()):
 
 def evaluator(tmp_path, monkeypatch, episode, **settings):
     monkeypatch.setattr(Evaluator, "_attempts", lambda self, loop, record, index: (episode(record, index), None))
-    return Evaluator(None, StubTokenizer(), str(tmp_path / "out"), registry=None, progress=False,
+    return Evaluator(None, compact_tokenizer(), str(tmp_path / "out"), registry=None, progress=False,
                      settings=EvalSettings(**settings))
 
 
@@ -173,7 +176,7 @@ def test_stopping_cancels_queued_episodes_and_keeps_scored_questions(tmp_path, m
     assert sum(calls.values()) <= 3 < n  # t/0 and the two in flight ran; the queued ones were cancelled
     monkeypatch.setattr(ev.store, "append", real_append)
     calls.clear()
-    rerun = Evaluator(None, StubTokenizer(), str(tmp_path / "out"), registry=None, progress=False,
+    rerun = Evaluator(None, compact_tokenizer(), str(tmp_path / "out"), registry=None, progress=False,
                       settings=EvalSettings(k=1))
     s = rerun.run([BenchmarkSpec("t", path, ())])["benchmarks"]["t"]
     assert calls["t/0"] == 0 and sum(calls.values()) <= n - 1  # resumed after the stored question(s)

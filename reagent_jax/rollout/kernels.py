@@ -99,8 +99,8 @@ def sampling_logits(cfg: Qwen3Config, params, h: jax.Array, mesh: Optional[Mesh]
     an optimization barrier, since XLA:CPU would otherwise fold the transpose into the GEMM and
     transpose the whole weight every step (2x slower decode, measured untied)."""
     project = lambda: Qwen3(cfg, mesh, rules).apply({"params": params}, h, method=Qwen3.project)  # [B, V]
-    if mesh_platform(mesh) != "cpu":  # split by vocabulary as the weight is: see `vocab_shards`
-        return constrain(project().T, ("logits_vocab", None), mesh, rules), None
+    if mesh_platform(mesh) != "cpu":  # vocabulary as the weight lies, slots over data: see `vocab_shards`
+        return constrain(project().T, ("logits_vocab", "logits_batch"), mesh, rules), None
     if jnp.dtype(cfg.compute_dtype) == jnp.float32:
         h32 = h.astype(jnp.float32)
         w = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]
