@@ -185,6 +185,28 @@ def test_32_concurrent_requests_are_all_answered(live):
     assert live["server"].app.state.inflight.peak > 4  # served together (peak > 8: they queued for slots)
 
 
+
+def test_a_bf16_server_answers_4_concurrent_long_prompts_on_cpu(tok):
+    """bf16 compute (the server's default dtype) on CPU: 4 concurrent ~400-token prompts were
+    answered 500 (XLA:CPU had no bf16 x bf16 -> f32 batched product); each now gets its tokens."""
+    cfg = models.preset("tiny", compute_dtype="bfloat16", vocab_size=320)
+    engine = Engine(cfg, models.init_params(cfg, jax.random.PRNGKey(1)), num_slots=4, max_len=MAX_LEN,
+                    prefill_chunk=256, length_buckets=(256,), window_buckets=(MAX_LEN,), decode_steps=4, tokenizer=tok)
+    svc = ModelService(engine, tok, "tiny-bf16", limits=ServerLimits(max_tokens=8, max_prompt_tokens=MAX_PROMPT))
+    question = "What is the capital of France? Search the web for facts. " * 40
+    try:
+        with ServerThread(make_app(svc)) as server:
+            client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=300)
+            ask = lambda i: client.chat.completions.create(
+                model="tiny-bf16", messages=[{"role": "user", "content": f"{i}. {question}"}], max_tokens=8,
+                temperature=0)
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                out = list(pool.map(ask, range(4)))
+    finally:
+        engine.stop_background()
+    assert all(350 <= r.usage.prompt_tokens <= MAX_PROMPT for r in out), [r.usage.prompt_tokens for r in out]
+    assert all(r.usage.completion_tokens >= 1 and r.choices[0].finish_reason in ("stop", "length") for r in out)
+
 def error_of(resp, status):
     assert resp.status_code == status, resp.text
     err = resp.json()["error"]

@@ -90,7 +90,9 @@ def _episodes(path):
 def test_grpo_stage_alone_continues_from_the_workdirs_sft_with_mini_batches_and_recomputed_logprobs(tmp_path):
     """`--config.stages=grpo` after an SFT run starts from sft/final (not random init); two
     updates per step with old logprobs recomputed by the trainer: the first update's ratio is 1
-    up to float error (the trainer agrees with itself), so ppo_kl stays tiny but clipping can act."""
+    up to float error (the trainer agrees with itself), so ppo_kl stays tiny but clipping can act.
+    The stage uses the GSPO policy loss (registered, named by the config) with its paper's
+    aggregation; the other CLI runs cover the default PPO loss."""
     import json
     import subprocess
     import sys
@@ -102,7 +104,8 @@ def test_grpo_stage_alone_continues_from_the_workdirs_sft_with_mini_batches_and_
     subprocess.run(base + ["--config.stages=sft"], env=_env(), check=True, capture_output=True, timeout=900)
     sft_eval = _episodes(wd / "eval_sft.jsonl")
     out = subprocess.run(base + ["--config.stages=grpo", "--config.grpo.steps=2", "--config.grpo.mini_batches=2",
-                                 "--config.grpo.old_logprobs=recompute", "--config.grpo.questions_per_step=4"],
+                                 "--config.grpo.old_logprobs=recompute", "--config.grpo.questions_per_step=4",
+                                 "--config.grpo.policy_loss=gspo", "--config.grpo.loss_agg_mode=seq-mean-token-mean"],
                          env=_env(), check=True, capture_output=True, text=True, timeout=900)
     assert "starting from the finished sft stage" in out.stderr
     table = json.load(open(wd / "summary.json"))["table"]

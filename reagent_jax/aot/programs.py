@@ -256,8 +256,7 @@ def _grpo_programs(config, name, cfg, mesh, length, resident, engine_resident) -
     g = config[name]
     rows = _grpo_rows(config, name)
     temperature = float(config.agent.temperature) if name == "grpo" else 1.0
-    objective = obj.GRPOObjective(cfg, eps_low=g.eps_low, eps_high=g.eps_high, dual_clip_c=g.dual_clip_c, beta=g.beta,
-                                  kl_kind=g.kl_kind, loss_agg_mode=g.loss_agg_mode, temperature=temperature)
+    objective = obj.grpo_objective(cfg, g, temperature)
     train_resident = dict(engine_resident)
     if g.beta:
         train_resident["reference params"] = per_chip_bytes(_params(cfg, mesh))

@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from reagent_jax.rl.registry import Registry
+
 
 class GroupAdvantages(NamedTuple):
     advantages: jax.Array  # [N] float32, 0 for invalid samples
@@ -47,27 +49,9 @@ class GroupAdvantages(NamedTuple):
 
 
 AdvantageFn = Callable[..., GroupAdvantages]
-ADVANTAGES: dict[str, AdvantageFn] = {}
-
-
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator registering an estimator under ``name`` (error on a conflicting name)."""
-
-    def decorator(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGES and ADVANTAGES[name] is not fn:
-            raise ValueError(f"advantage estimator {name!r} is already registered as {ADVANTAGES[name]}")
-        ADVANTAGES[name] = fn
-        return fn
-
-    return decorator
-
-
-def get_advantage_fn(name: str) -> AdvantageFn:
-    """Estimator registered as ``name``; ValueError listing the known names otherwise."""
-    try:
-        return ADVANTAGES[name]
-    except KeyError:
-        raise ValueError(f"unknown advantage estimator {name!r}; registered: {sorted(ADVANTAGES)}") from None
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
+register_advantage = ADVANTAGES.register  # @register_advantage("name")
+get_advantage_fn = ADVANTAGES.get  # ValueError listing the known names for an unknown one
 
 
 def group_ids_from_keys(keys: Sequence[Hashable]) -> np.ndarray:

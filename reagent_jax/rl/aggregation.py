@@ -6,16 +6,20 @@ micro-batch is normalised by the global token / sequence count, the sum of the m
 parallelism then change nothing but memory use. When the counts are omitted they are taken from
 the batch at hand, which is right only when that batch is the whole batch.
 
-Modes (``m``: loss mask, ``l``: per-token loss, ``i`` sequences, ``t`` tokens):
+Modes (``m``: loss mask, ``l``: per-token loss, ``i`` sequences, ``t`` tokens), registered in
+``AGG_MODES`` (``rl/registry.py``; register more with ``@AGG_MODES.register("name")``):
   token-mean               sum_it l*m / num_tokens
   seq-mean-token-mean      sum_i (sum_t l*m / max(sum_t m, 1)) / num_seqs
   seq-mean-token-sum       sum_it l*m / num_seqs
-  seq-mean-token-sum-norm  sum_it l*m / (num_seqs * norm_length)      (Dr. GRPO)
+  seq-mean-token-sum-norm  sum_it l*m / (num_seqs * norm_length)      (Dr. GRPO's per-sequence mean)
+  token-sum-norm           sum_it l*m / norm_length                   (verl's seq-mean-token-sum-norm)
 
 ``norm_length`` defaults to ``T`` (the padded length, as verl's ``loss_scale_factor=None``); set it
-to a constant (e.g. max response length) when micro-batches are padded to different lengths.
-Older verl releases divided seq-mean-token-sum-norm by ``T`` only, not by the sequence count; we
-follow current verl (and Dr. GRPO's per-sequence mean) and divide by both.
+to a constant (e.g. the max response length) when micro-batches are padded to different lengths.
+Where the conventions differ from verl: verl's ``agg_loss("seq-mean-token-sum-norm")`` divides by
+its ``loss_scale_factor`` only (here ``token-sum-norm``; it equals ours times num_seqs, so it also
+scales the gradient with the batch size); a verl release between Dec 2025 and Jan 2026 divided by
+both, as ``seq-mean-token-sum-norm`` does here.
 
 ``num_seqs`` counts sequences with at least one loss token: all-masked rows are padding and add
 nothing to either numerator or denominator.
@@ -23,12 +27,13 @@ nothing to either numerator or denominator.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+from reagent_jax.rl.registry import Registry
 
 ArrayLike = jax.Array | float | int
 
@@ -76,8 +81,7 @@ def aggregate_loss(
     norm_length: ArrayLike | None = None,
 ) -> jax.Array:  # [] scalar
     """Aggregate per-token losses with global denominators (see module docstring)."""
-    if mode not in AGG_MODES:
-        raise ValueError(f"unknown loss aggregation mode {mode!r}; expected one of {AGG_MODES}")
+    aggregate = AGG_MODES.get(mode)
     if isinstance(norm_length, (int, float)) and not norm_length > 0:
         raise ValueError(f"norm_length must be > 0 (or None for the padded length T), got {norm_length}")
     if token_loss.ndim != 2 or token_loss.shape != jnp.shape(loss_mask):
@@ -88,17 +92,39 @@ def aggregate_loss(
     local = loss_counts(mask)
     num_tokens = local.num_tokens if global_num_tokens is None else jnp.asarray(global_num_tokens, jnp.float32)
     num_seqs = local.num_seqs if global_num_seqs is None else jnp.asarray(global_num_seqs, jnp.float32)
+    length = token_loss.shape[-1] if norm_length is None else norm_length
+    return aggregate(token_loss, mask, LossCounts(num_tokens, num_seqs), jnp.asarray(length, jnp.float32))
 
-    if mode == "token-mean":
-        return masked_sum(token_loss, mask) / jnp.maximum(num_tokens, 1.0)
 
-    seq_sum = masked_sum(token_loss, mask, axis=-1)  # [B]
-    if mode == "seq-mean-token-mean":
-        seq_len = jnp.sum(mask.astype(jnp.float32), axis=-1)  # [B]
-        seq_value = seq_sum / jnp.maximum(seq_len, 1.0)
-    elif mode == "seq-mean-token-sum":
-        seq_value = seq_sum
-    else:  # seq-mean-token-sum-norm
-        length = token_loss.shape[-1] if norm_length is None else norm_length
-        seq_value = seq_sum / jnp.asarray(length, jnp.float32)
-    return jnp.sum(seq_value) / jnp.maximum(num_seqs, 1.0)
+# (token_loss [B, T], mask [B, T] bool, global counts, norm_length []) -> [] scalar
+AggregationFn = Callable[[jax.Array, jax.Array, LossCounts, jax.Array], jax.Array]
+AGG_MODES: Registry[AggregationFn] = Registry("loss aggregation mode")
+
+
+@AGG_MODES.register("token-mean")
+def token_mean(token_loss, mask, counts: LossCounts, norm_length):
+    return masked_sum(token_loss, mask) / jnp.maximum(counts.num_tokens, 1.0)
+
+
+@AGG_MODES.register("seq-mean-token-mean")
+def seq_mean_token_mean(token_loss, mask, counts: LossCounts, norm_length):
+    seq_len = jnp.sum(mask.astype(jnp.float32), axis=-1)  # [B]
+    return jnp.sum(masked_sum(token_loss, mask, axis=-1) / jnp.maximum(seq_len, 1.0)) / jnp.maximum(counts.num_seqs, 1.0)
+
+
+@AGG_MODES.register("seq-mean-token-sum")
+def seq_mean_token_sum(token_loss, mask, counts: LossCounts, norm_length):
+    return masked_sum(token_loss, mask) / jnp.maximum(counts.num_seqs, 1.0)
+
+
+@AGG_MODES.register("seq-mean-token-sum-norm")
+def seq_mean_token_sum_norm(token_loss, mask, counts: LossCounts, norm_length):
+    """Dr. GRPO's per-sequence mean of token sums over a constant length."""
+    return masked_sum(token_loss, mask) / (jnp.maximum(counts.num_seqs, 1.0) * norm_length)
+
+
+@AGG_MODES.register("token-sum-norm")
+def token_sum_norm(token_loss, mask, counts: LossCounts, norm_length):
+    """verl's current ``seq-mean-token-sum-norm``: the token sum over its ``loss_scale_factor``
+    (``norm_length``) only, not over the sequence count."""
+    return masked_sum(token_loss, mask) / norm_length

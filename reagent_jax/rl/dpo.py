@@ -17,6 +17,9 @@ Inputs are per-pair *sums* of token logprobs over the completion ([B] each). Wit
 ``loss + alpha * chosen_nll``). It is the token-mean NLL of the chosen completions when
 ``chosen_lengths`` is given, else the mean per-sequence NLL.
 
+The losses are registered in ``DPO_LOSS_TYPES`` (``rl/registry.py``); register more with
+``@DPO_LOSS_TYPES.register("name")`` (a function of the two log-ratio vectors, see below).
+
 ``pair_mask`` [B] drops padding pairs from a fixed-shape batch. Losses are summed over the pairs
 and divided by ``global_num_pairs`` (default: the valid pairs here), so micro-batch losses add up to
 the full-batch loss, as in ``aggregate_loss``. Metrics (TRL's names) are means over valid pairs:
@@ -26,12 +29,47 @@ rewards/chosen = beta * (pi_c - ref_c), rewards/rejected, rewards/margins, rewar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-DPO_LOSS_TYPES = ("sigmoid", "robust", "ipo", "hinge")
+from reagent_jax.rl.registry import Registry
+
+# (chosen log-ratios [B], rejected log-ratios [B], *, beta, label_smoothing, chosen_lengths,
+#  rejected_lengths) -> per-pair losses [B]
+DPO_LOSS_TYPES: Registry[Callable[..., jax.Array]] = Registry("DPO loss_type")
+
+
+@DPO_LOSS_TYPES.register("sigmoid")
+def sigmoid_loss(chosen, rejected, *, beta, label_smoothing, **_lengths):
+    if not 0.0 <= label_smoothing <= 0.5:
+        raise ValueError(f"label_smoothing must lie in [0, 0.5], got {label_smoothing}")
+    h, ls = chosen - rejected, label_smoothing
+    return -(1.0 - ls) * jax.nn.log_sigmoid(beta * h) - ls * jax.nn.log_sigmoid(-beta * h)
+
+
+@DPO_LOSS_TYPES.register("robust")
+def robust_loss(chosen, rejected, *, beta, label_smoothing, **_lengths):
+    if not 0.0 <= label_smoothing < 0.5:
+        raise ValueError(f"robust DPO needs 0 <= label_smoothing < 0.5, got {label_smoothing}")
+    h, ls = chosen - rejected, label_smoothing
+    return (-(1.0 - ls) * jax.nn.log_sigmoid(beta * h) + ls * jax.nn.log_sigmoid(-beta * h)) / (1.0 - 2.0 * ls)
+
+
+@DPO_LOSS_TYPES.register("ipo")
+def ipo_loss(chosen, rejected, *, beta, label_smoothing, chosen_lengths=None, rejected_lengths=None):
+    if chosen_lengths is None or rejected_lengths is None:
+        raise ValueError("ipo loss averages log-ratios over tokens: pass chosen_lengths and rejected_lengths")
+    len_c = jnp.maximum(jnp.asarray(chosen_lengths, jnp.float32), 1.0)
+    len_r = jnp.maximum(jnp.asarray(rejected_lengths, jnp.float32), 1.0)
+    return jnp.square(chosen / len_c - rejected / len_r - 1.0 / (2.0 * beta))
+
+
+@DPO_LOSS_TYPES.register("hinge")
+def hinge_loss(chosen, rejected, *, beta, label_smoothing, **_lengths):
+    return jax.nn.relu(1.0 - beta * (chosen - rejected))
 
 
 class DPOOutput(NamedTuple):
@@ -56,16 +94,9 @@ def dpo_loss(
     global_num_pairs: jax.Array | float | None = None,
 ) -> DPOOutput:
     """Preference loss of one (micro-)batch of pairs; see the module docstring."""
-    if loss_type not in DPO_LOSS_TYPES:
-        raise ValueError(f"unknown DPO loss_type {loss_type!r}; expected one of {DPO_LOSS_TYPES}")
+    pair_loss = DPO_LOSS_TYPES.get(loss_type)
     if isinstance(beta, (int, float)) and beta <= 0:
         raise ValueError(f"beta must be > 0, got {beta}")
-    if loss_type == "robust" and not 0.0 <= label_smoothing < 0.5:
-        raise ValueError(f"robust DPO needs 0 <= label_smoothing < 0.5, got {label_smoothing}")
-    if loss_type == "sigmoid" and not 0.0 <= label_smoothing <= 0.5:
-        raise ValueError(f"label_smoothing must lie in [0, 0.5], got {label_smoothing}")
-    if loss_type == "ipo" and (chosen_lengths is None or rejected_lengths is None):
-        raise ValueError("ipo loss averages log-ratios over tokens: pass chosen_lengths and rejected_lengths")
     pc, pr, rc, rr = (
         jnp.asarray(x, jnp.float32)
         for x in (policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
@@ -80,21 +111,8 @@ def dpo_loss(
 
     chosen_logratios = pc - rc  # [B]
     rejected_logratios = pr - rr  # [B]
-    logits = chosen_logratios - rejected_logratios  # [B]
-    ls = label_smoothing
-    if loss_type == "sigmoid":
-        losses = -(1.0 - ls) * jax.nn.log_sigmoid(beta * logits) - ls * jax.nn.log_sigmoid(-beta * logits)
-    elif loss_type == "robust":
-        losses = (-(1.0 - ls) * jax.nn.log_sigmoid(beta * logits) + ls * jax.nn.log_sigmoid(-beta * logits)) / (
-            1.0 - 2.0 * ls
-        )
-    elif loss_type == "ipo":
-        len_c = jnp.maximum(jnp.asarray(chosen_lengths, jnp.float32), 1.0)
-        len_r = jnp.maximum(jnp.asarray(rejected_lengths, jnp.float32), 1.0)
-        avg_logits = chosen_logratios / len_c - rejected_logratios / len_r
-        losses = jnp.square(avg_logits - 1.0 / (2.0 * beta))
-    else:  # hinge
-        losses = jax.nn.relu(1.0 - beta * logits)
+    losses = pair_loss(chosen_logratios, rejected_logratios, beta=beta, label_smoothing=label_smoothing,
+                       chosen_lengths=chosen_lengths, rejected_lengths=rejected_lengths)  # [B]
     losses = jnp.where(mask, losses, 0.0)
 
     n_valid = jnp.sum(mask.astype(jnp.float32))

@@ -9,7 +9,8 @@ Estimators (Schulman, "Approximating KL divergence"; names as in verl's ``kl_pen
 k3 clamps ``-d`` to [-20, 20] before ``exp`` (as verl) and is evaluated in float32 (bfloat16 inputs
 are upcast) without cancellation, so its ~d**2/2 value (and gradient ~d) survive for small ``d``
 instead of rounding to 0. Every estimator's output is then clamped to [-clamp, clamp] (default 10;
-verl clamps only k3, the others rarely reach it).
+verl clamps only k3, the others rarely reach it). The estimators live in the ``KL_ESTIMATORS``
+registry (``rl/registry.py``); register more with ``@KL_ESTIMATORS.register("name")``.
 
 beta == 0: no KL term, so no reference model is needed at all. ``needs_reference_model(beta)``
 tells the trainer whether to run (or even load) the reference forward; ``kl_penalty`` and
@@ -18,11 +19,35 @@ tells the trainer whether to run (or even load) the reference forward; ``kl_pena
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
-KL_ESTIMATORS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
-_CANONICAL = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+from reagent_jax.rl.registry import Registry
+
+# d = logp - ref_logp [B, T] float32 -> per-token estimate [B, T] (before the clamp)
+KL_ESTIMATORS: Registry[Callable[[jax.Array], jax.Array]] = Registry("KL estimator")
+
+
+@KL_ESTIMATORS.register("k1", "kl")
+def k1(d: jax.Array) -> jax.Array:
+    return d
+
+
+@KL_ESTIMATORS.register("abs")
+def absolute(d: jax.Array) -> jax.Array:
+    return jnp.abs(d)
+
+
+@KL_ESTIMATORS.register("k2", "mse")
+def k2(d: jax.Array) -> jax.Array:
+    return 0.5 * jnp.square(d)
+
+
+@KL_ESTIMATORS.register("k3", "low_var_kl")
+def k3(d: jax.Array) -> jax.Array:
+    return _exp_minus_linear(jnp.clip(-d, -20.0, 20.0))
 
 
 def needs_reference_model(beta: float) -> bool:
@@ -38,23 +63,12 @@ def kl_penalty(
     clamp: float | None = 10.0,
 ) -> jax.Array:  # [B, T] per-token KL estimate
     """Per-token KL(policy || ref) estimate; zeros when ``ref_logprobs`` is None."""
-    if kind not in KL_ESTIMATORS:
-        raise ValueError(f"unknown KL estimator {kind!r}; expected one of {KL_ESTIMATORS}")
+    estimator = KL_ESTIMATORS.get(kind)
     if ref_logprobs is None:
         return jnp.zeros(jnp.shape(logprobs), jnp.float32)
     if jnp.shape(ref_logprobs) != jnp.shape(logprobs):
         raise ValueError(f"ref_logprobs shape {jnp.shape(ref_logprobs)} != logprobs shape {jnp.shape(logprobs)}")
-    kind = _CANONICAL.get(kind, kind)
-    diff = jnp.asarray(logprobs, jnp.float32) - jnp.asarray(ref_logprobs, jnp.float32)
-    if kind == "k1":
-        kl = diff
-    elif kind == "abs":
-        kl = jnp.abs(diff)
-    elif kind == "k2":
-        kl = 0.5 * jnp.square(diff)
-    else:  # k3
-        neg = jnp.clip(-diff, -20.0, 20.0)
-        kl = _exp_minus_linear(neg)
+    kl = estimator(jnp.asarray(logprobs, jnp.float32) - jnp.asarray(ref_logprobs, jnp.float32))
     if clamp is not None:
         kl = jnp.clip(kl, -clamp, clamp)
     return kl

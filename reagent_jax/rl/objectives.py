@@ -27,7 +27,7 @@ from reagent_jax.parallel.rules import DEFAULT_RULES, Rules
 from reagent_jax.rl.aggregation import aggregate_loss, loss_counts, masked_mean
 from reagent_jax.rl.dpo import dpo_loss
 from reagent_jax.rl.kl import kl_penalty
-from reagent_jax.rl.policy_loss import ppo_policy_loss
+from reagent_jax.rl.policy_loss import POLICY_LOSSES
 
 
 _Dims = tuple  # dimension names (str, bound by the first array that has them) or fixed ints
@@ -129,9 +129,11 @@ class GRPOObjective:
 
     batch: tokens, attention_mask, loss_mask, old_logprobs [B, T]; advantages [B] or [B, T];
     ref_logprobs [B, T] when beta != 0. `temperature` must be the sampling temperature so the
-    logprobs here use the rollout engine's definition.
+    logprobs here use the rollout engine's definition. `policy_loss` names an entry of
+    `rl.POLICY_LOSSES` ("vanilla" PPO clip, "gspo", "cispo", or one registered by the user).
     """
     cfg: Qwen3Config
+    policy_loss: str = "vanilla"
     eps_low: float = 0.2
     eps_high: float = 0.28
     dual_clip_c: float = 3.0
@@ -155,8 +157,9 @@ class GRPOObjective:
         mask = mb["loss_mask"].astype(jnp.float32)
         lp, ent = token_logprobs(self.cfg, params, mb["tokens"], mb["attention_mask"], temperature=self.temperature,
                                  chunk_size=self.chunk_size, return_entropy=True, mesh=self.mesh, rules=self.rules)
-        pg = ppo_policy_loss(lp, mb["old_logprobs"], mb["advantages"], mask, eps_low=self.eps_low,
-                             eps_high=self.eps_high, dual_clip_c=self.dual_clip_c)
+        pg = POLICY_LOSSES.get(self.policy_loss)(lp, mb["old_logprobs"], mb["advantages"], mask,
+                                                 eps_low=self.eps_low, eps_high=self.eps_high,
+                                                 dual_clip_c=self.dual_clip_c)
         agg = lambda x: aggregate_loss(x, mask, self.loss_agg_mode, global_num_tokens=counts["num_tokens"],
                                        global_num_seqs=counts["num_seqs"])
         pg_loss = agg(pg.token_loss)
@@ -175,6 +178,14 @@ class GRPOObjective:
         if self.entropy_coef:
             total = total - self.entropy_coef * agg(ent)
         return total, metrics
+
+
+def grpo_objective(cfg: Qwen3Config, block, temperature: float = 1.0) -> GRPOObjective:
+    """The GRPOObjective a config's grpo block (a ConfigDict or dict) names; `policy_loss` defaults
+    to "vanilla" for configs written before it existed."""
+    return GRPOObjective(cfg, policy_loss=block.get("policy_loss", "vanilla"), eps_low=block["eps_low"],
+                         eps_high=block["eps_high"], dual_clip_c=block["dual_clip_c"], beta=block["beta"],
+                         kl_kind=block["kl_kind"], loss_agg_mode=block["loss_agg_mode"], temperature=temperature)
 
 
 def sequence_logps(cfg: Qwen3Config, params, tokens, attention_mask, loss_mask, chunk_size: int = 256,

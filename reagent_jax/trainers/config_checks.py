@@ -156,9 +156,7 @@ def _rollout(p: _Problems) -> None:
 
 
 def _grpo(p: _Problems, block: str) -> None:
-    from reagent_jax.rl import AGG_MODES
-    from reagent_jax.rl.advantages import ADVANTAGES
-    from reagent_jax.rl.kl import KL_ESTIMATORS
+    from reagent_jax.rl import ADVANTAGES, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
     from reagent_jax.trainers.grpo import OLD_LOGPROBS
     if p.get(block, None) is None:
         return
@@ -166,8 +164,9 @@ def _grpo(p: _Problems, block: str) -> None:
         p.at_least(f"{block}.{key}", 1)
     p.at_least(f"{block}.steps", 0)
     p.one_of(f"{block}.advantage", sorted(ADVANTAGES))
+    p.one_of(f"{block}.policy_loss", list(POLICY_LOSSES))
     p.one_of(f"{block}.kl_kind", list(KL_ESTIMATORS))
-    p.one_of(f"{block}.loss_agg_mode", AGG_MODES)
+    p.one_of(f"{block}.loss_agg_mode", list(AGG_MODES))
     p.one_of(f"{block}.old_logprobs", OLD_LOGPROBS)
     p.at_least(f"{block}.beta", 0.0)
 
@@ -266,7 +265,7 @@ def _evalplanner(p: _Problems, check_paths: bool) -> None:
     p.one_of("judge.format", FORMATS)
     p.one_of("chains.source", CHAIN_SOURCES)
     p.one_of("chains.pairing", PAIRINGS)
-    p.one_of("dpo.loss_type", DPO_LOSS_TYPES)
+    p.one_of("dpo.loss_type", list(DPO_LOSS_TYPES))
     p.names_in("seed_judge.formats", FORMATS)
     for key in ("chains.num_plans", "chains.num_executions", "dpo.rounds", "judge.max_plan_tokens",
                 "judge.max_execution_tokens"):

@@ -19,7 +19,7 @@ import numpy as np
 from reagent_jax.eval.agent_eval import score_trajectory
 from reagent_jax.models.functional import token_logprobs
 from reagent_jax.rl.advantages import get_advantage_fn
-from reagent_jax.rl.objectives import GRPOObjective
+from reagent_jax.rl.objectives import grpo_objective
 from reagent_jax.rl.train_step import OptimizerConfig
 from reagent_jax.trainers.batching import default_buckets, pad_rows
 from reagent_jax.trainers.sft import batch_indices
@@ -134,9 +134,7 @@ def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strateg
     if mini_batches < 1:
         raise ValueError(f"{stage}.mini_batches must be >= 1, got {mini_batches}")
     adv_fn = get_advantage_fn(gcfg.advantage)
-    objective = GRPOObjective(model_cfg, eps_low=gcfg.eps_low, eps_high=gcfg.eps_high, dual_clip_c=gcfg.dual_clip_c,
-                              beta=gcfg.beta, kl_kind=gcfg.kl_kind, loss_agg_mode=gcfg.loss_agg_mode,
-                              temperature=temperature)
+    objective = grpo_objective(model_cfg, gcfg, temperature)
     opt = OptimizerConfig(learning_rate=gcfg.learning_rate, warmup_steps=gcfg.warmup_steps, decay="constant",
                           total_steps=gcfg.steps * mini_batches, max_grad_norm=gcfg.max_grad_norm)
     runner = StageRunner(ctx, stage, model_cfg, params, objective, opt, total_steps=gcfg.steps,
