@@ -34,7 +34,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.tokenizer = ml_collections.ConfigDict(dict(kind="compact", vocab_size=1024, path=""))
     c.model = ml_collections.ConfigDict(dict(
         init_from="", hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4, num_kv_heads=2,
-        head_dim=16, rope_theta=10000.0, param_dtype="float32", compute_dtype="float32", remat_policy="none"))
+        head_dim=16, rope_theta=10000.0, param_dtype="float32", compute_dtype="float32", remat_policy="none",
+        attention="auto"))
 
     c.judge = ml_collections.ConfigDict(dict(format="plan_execute", temperature=0.8, top_p=0.95,
                                              max_plan_tokens=64, max_execution_tokens=80, enable_thinking=False))

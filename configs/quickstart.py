@@ -28,7 +28,8 @@ def get_config() -> ml_collections.ConfigDict:
     # Model: a tiny Qwen3 (fp32 on CPU). `init_from` may be an HF dir or a reagent_jax params dir.
     c.model = ml_collections.ConfigDict(dict(
         init_from="", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2,
-        head_dim=32, rope_theta=10000.0, param_dtype="float32", compute_dtype="float32", remat_policy="none"))
+        head_dim=32, rope_theta=10000.0, param_dtype="float32", compute_dtype="float32", remat_policy="none",
+        attention="auto"))
 
     c.agent = ml_collections.ConfigDict(dict(max_turns=6, max_tokens_per_turn=96, temperature=0.7, top_p=1.0,
                                              include_tool_schemas=False, tools="search,python"))

@@ -51,7 +51,7 @@ def get_config(variant: str = "a800") -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict(dict(
         init_from="", preset="qwen3-8b", hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32,
         num_kv_heads=8, head_dim=128, rope_theta=1_000_000.0, param_dtype="float32", compute_dtype="bfloat16",
-        remat_policy="full"))
+        remat_policy="full", attention="auto"))
     c.agent = ml_collections.ConfigDict(dict(max_turns=13, max_tokens_per_turn=2048, temperature=0.7, top_p=0.95,
                                              include_tool_schemas=True, tools="search,browse,python"))
     c.rollout = ml_collections.ConfigDict(dict(num_slots=v["num_slots"], max_len=v["max_len"],

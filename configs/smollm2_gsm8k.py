@@ -34,7 +34,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict(dict(
         init_from="smollm2", preset="", hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
         num_kv_heads=3, head_dim=64, rope_theta=100000.0, param_dtype="float32", compute_dtype="float32",
-        remat_policy="none"))
+        remat_policy="none", attention="auto"))
     c.agent = ml_collections.ConfigDict(dict(max_turns=3, max_tokens_per_turn=160, temperature=0.7, top_p=1.0,
                                              include_tool_schemas=True, tools="python",
                                              system_prompt=SOLVER_SYSTEM_PROMPT))

@@ -67,12 +67,18 @@ def test_every_program_of_the_run_compiles_and_fits(compiled):
 
 
 def test_no_cpu_kernel_enters_a_tpu_program(compiled):
-    """Kernel choices follow the mesh's devices: the host is a CPU, the programs are TPU programs."""
+    """Kernel choices follow the mesh's devices: the host is a CPU, the programs are TPU programs,
+    and the training / scoring passes run TPU splash attention (model.attention=auto)."""
     _, _, report, hlo = compiled
+    assert report["model"]["attention"] == "auto"
     for p in report["programs"]:
         text = (hlo / (p["name"].replace("/", "__") + ".hlo.txt")).read_text()
         assert "reagent_sgemm" not in text and "reagent_decode_layers" not in text
         assert "reagent_vocab_logits" not in text
+        if not p["name"].startswith("rollout/"):
+            assert "attention splash" in p["notes"] and "splash_mqa_fwd" in text, p["name"]
+            if p["name"].endswith("train_step"):
+                assert "splash_mqa_dkv" in text and "splash_mqa_dq" in text  # the kernel's own backward
 
 
 def test_parameters_are_split_over_every_chip(compiled):

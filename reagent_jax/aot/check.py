@@ -128,7 +128,7 @@ def check_config(config, topology: str, *, mesh_preset: Optional[str] = None, hb
         "num_devices": len(devices), "mesh": dict(mesh.shape), "mesh_preset": preset,
         "chip": dataclasses.asdict(spec) if spec else None, "budget_gib": budget / GIB,
         "model": {"num_params": cfg.num_params(), "param_dtype": cfg.param_dtype,
-                  "compute_dtype": cfg.compute_dtype, "remat_policy": cfg.remat_policy,
+                  "compute_dtype": cfg.compute_dtype, "remat_policy": cfg.remat_policy, "attention": cfg.attention,
                   "param_bytes_per_device": cfg.num_params() * jnp.dtype(cfg.param_dtype).itemsize / mesh.size},
         "compiler_options": dict(compiler_options or {}),
         "all_fit": all(r.fits for r in reports),

@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from reagent_jax import checkpoint, models
-from reagent_jax.models import kv_layout
+from reagent_jax.models import attention_kernels, kv_layout
 from reagent_jax.models.flops import (attention_flops_per_token, dense_flops_per_token, projection_flops,
                                       sequence_flops)
 from reagent_jax.models.functional import param_shapes, param_shardings, token_logprobs
@@ -118,7 +118,8 @@ def model_config(config) -> models.Qwen3Config:
     m = config.model
     path = m.get("init_from", "")
     if path and not m.get("preset"):
-        overrides = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat_policy=m.remat_policy)
+        overrides = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat_policy=m.remat_policy,
+                         attention=m.get("attention", "auto"))
         if checkpoint.is_params_dir(path):
             return checkpoint.load_config(path, **overrides)
         return models.Qwen3Config.from_hf_json(os.path.join(path, "config.json"), **overrides)
@@ -166,7 +167,7 @@ def train_program(name: str, cfg, mesh: Mesh, objective, rows: int, length: int,
     hbm = micro_batches * passes * weights + 24.0 * cfg.num_params() / mesh.size  # weights + AdamW update
     return Program(name, step, (state, batch), {}, 3.0 * sequence_flops(cfg, seqs, length), hbm, link, resident,
                    notes=f"{seqs} sequences x {length} tokens in {micro_batches} micro-batches; remat "
-                         f"{cfg.remat_policy}")
+                         f"{cfg.remat_policy}; attention {attention_kernels.choose(cfg.attention, mesh, length)}")
 
 
 def logprob_program(name: str, cfg, mesh: Mesh, rows: int, length: int, resident: dict[str, float]) -> Program:
@@ -175,7 +176,8 @@ def logprob_program(name: str, cfg, mesh: Mesh, rows: int, length: int, resident
     fn = jax.jit(lambda p, t, m: token_logprobs(cfg, p, t, m, mesh=mesh))
     link = 0.0 if ts.batch_shards(mesh) == 1 else _weight_bytes(cfg) + _logprob_gather_bytes(cfg, rows, length, 1)
     return Program(name, fn, (params, tokens, tokens), {}, sequence_flops(cfg, rows, length), _weight_bytes(cfg),
-                   link, resident, notes=f"forward only, {rows} x {length} (one micro-batch)")
+                   link, resident, notes=f"forward only, {rows} x {length} (one micro-batch); attention "
+                                         f"{attention_kernels.choose(cfg.attention, mesh, length)}")
 
 
 def _sampling(mesh, n):

@@ -15,6 +15,7 @@ import numpy as np
 
 from reagent_jax.models.rope import normalize_scaling, parse_hf_rope, rope_frequencies
 
+ATTENTION_IMPLS = ("auto", "xla", "splash")  # models/attention_kernels.py
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 MODEL_TYPES = ("qwen3", "qwen2", "llama")
 
@@ -45,6 +46,8 @@ class Qwen3Config:
     compute_dtype: str = "bfloat16"
     scan_layers: bool = True
     remat_policy: str = "none"
+    # The cache-free causal attention kernel: "auto" | "xla" | "splash" (models/attention_kernels.py).
+    attention: str = "auto"
     # Where a MoE variant would plug in: `mlp_type` selects the feed-forward block.
     mlp_type: str = "dense"
     # The family (HF `model_type`): "qwen3" (q/k RMSNorm), "qwen2" (q/k/v biases), "llama"
@@ -58,6 +61,8 @@ class Qwen3Config:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"remat_policy={self.remat_policy!r}; choose one of {REMAT_POLICIES}")
+        if self.attention not in ATTENTION_IMPLS:
+            raise ValueError(f"attention={self.attention!r}; choose one of {ATTENTION_IMPLS}")
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"model_type={self.model_type!r}; choose one of {MODEL_TYPES}")
         if self.mlp_type != "dense":

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from reagent_jax.models import cpu_gemm, kv_layout
+from reagent_jax.models import attention_kernels, cpu_gemm, kv_layout
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.parallel.mesh import mesh_platform
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain
@@ -243,7 +243,10 @@ class Attention(nn.Module):
         b, t = q.shape[:2]
         qg = q.reshape(b, t, c.num_kv_heads, c.num_groups, c.head_dim)
         scale = c.head_dim ** -0.5
-        if layer_cache is None:
+        if layer_cache is None and attention_kernels.choose(c.attention, self.mesh, t) == "splash":
+            key_valid = jnp.diagonal(mask, axis1=1, axis2=2)  # [b, t]: a causal mask's diagonal is its valid keys
+            out = attention_kernels.splash_attention(qg, k, v, key_valid, scale, self.mesh, self.rules)
+        elif layer_cache is None:
             out = causal_attention(qg, k, v, mask, scale, self.mesh)
         else:
             # Two-part softmax over (cached positions < write_index) and (new tokens, causal): the

@@ -121,12 +121,13 @@ def _mesh(p: _Problems, num_devices: Optional[int]) -> None:
 
 def _model(p: _Problems, check_paths: bool) -> None:
     from reagent_jax.models import preset_names
-    from reagent_jax.models.config import REMAT_POLICIES
+    from reagent_jax.models.config import ATTENTION_IMPLS, REMAT_POLICIES
     if p.get("model.preset", ""):
         p.one_of("model.preset", preset_names())
     p.one_of("model.param_dtype", FLOAT_DTYPES)
     p.one_of("model.compute_dtype", FLOAT_DTYPES)
     p.one_of("model.remat_policy", REMAT_POLICIES)
+    p.one_of("model.attention", ATTENTION_IMPLS)
     for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
         p.at_least(f"model.{key}", 1)
     heads, kv = p.get("model.num_heads", None), p.get("model.num_kv_heads", None)

@@ -90,26 +90,30 @@ def model_config(config, tokenizer) -> models.Qwen3Config:
     m = config.model
     if m.get("preset"):
         return models.preset(m.preset, param_dtype=m.param_dtype, compute_dtype=m.compute_dtype,
-                             remat_policy=m.remat_policy)
+                             remat_policy=m.remat_policy, attention=m.get("attention", "auto"))
     size = tokenizer if isinstance(tokenizer, int) else len(tokenizer)
     vocab = -(-size // 64) * 64  # round up: friendlier shapes, room for added tokens
     return models.Qwen3Config(vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
                               num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
                               head_dim=m.head_dim, rope_theta=m.rope_theta, tie_word_embeddings=True,
                               param_dtype=m.param_dtype, compute_dtype=m.compute_dtype,
-                              remat_policy=m.remat_policy, max_position_embeddings=4096)
+                              remat_policy=m.remat_policy, attention=m.get("attention", "auto"),
+                              max_position_embeddings=4096)
 
 
 def load_policy(ctx: RunContext, previous_stage: Optional[str]):
     """(cfg, params): the previous stage's final policy, else `model.init_from`, else random init."""
     m = ctx.config.model
+    knobs = dict(attention=m.get("attention", "auto"))  # the run's kernel choice, whatever the checkpoint says
     if previous_stage and ctx.has_final(previous_stage):
-        return checkpoint.load_params(ctx.final_dir(previous_stage), mesh=ctx.mesh)
+        cfg, params = checkpoint.load_params(ctx.final_dir(previous_stage), mesh=ctx.mesh)
+        return cfg.replace(**knobs), params
     if m.init_from:
         if checkpoint.is_params_dir(m.init_from):
-            return checkpoint.load_params(m.init_from, mesh=ctx.mesh)
+            cfg, params = checkpoint.load_params(m.init_from, mesh=ctx.mesh)
+            return cfg.replace(**knobs), params
         return models.load_hf_checkpoint(m.init_from, dtype=m.param_dtype, compute_dtype=m.compute_dtype,
-                                         mesh=ctx.mesh)
+                                         mesh=ctx.mesh, **knobs)
     cfg = model_config(ctx.config, ctx.tokenizer)
     return cfg, models.init_params(cfg, jax.random.PRNGKey(ctx.config.seed), mesh=ctx.mesh)
 

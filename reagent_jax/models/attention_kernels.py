@@ -1,0 +1,83 @@
+"""Attention kernels for the cache-free causal path (training, scoring, reference logprobs),
+chosen by `Qwen3Config.attention`:
+
+  xla     `qwen3.causal_attention`: causal query blocks through XLA (every backend; the CPU path)
+  splash  TPU splash attention (Pallas, `jax.experimental.pallas.ops.tpu.splash_attention`):
+          flash-style, no [heads, T, T] scores in HBM, causal blocks skipped by the kernel.
+          Off TPU it runs in Pallas interpret mode (slow; for correctness tests only)
+  auto    splash on a TPU mesh when the length is a multiple of 128, else xla
+
+Why a seam of its own: the model (`models/qwen3.py`) asks for "causal attention of these
+q/k/v with these valid keys" and this module decides how, from the mesh's devices (never the
+host's backend), so a CPU host compiling for TPU traces the TPU kernel.
+
+The cached paths (prefill, decode) keep their XLA attention (`rollout/kernels.py`).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from reagent_jax.models.config import ATTENTION_IMPLS
+from reagent_jax.parallel.mesh import mesh_platform
+from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, logical_to_spec
+
+_SPLASH_BLOCKS = (512, 256, 128)  # the largest that divides T is used
+
+
+def choose(impl: str, mesh: Optional[Mesh], length: int) -> str:
+    """The kernel ("xla" or "splash") that runs causal attention over `length` tokens on `mesh`."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention={impl!r}; choose one of {ATTENTION_IMPLS}")
+    if impl == "auto":
+        return "splash" if mesh_platform(mesh) == "tpu" and length % 128 == 0 else "xla"
+    if impl == "splash" and length % 128:
+        raise ValueError(f"attention='splash' needs a length that is a multiple of 128, got {length} "
+                         "(bucket the sequence lengths, or use attention='auto')")
+    return impl
+
+
+def _splash_kernel(length: int, groups: int, interpret: bool):
+    """The MQA splash kernel for (length, query heads per KV head): q [g, T, d], k/v [T, d].
+    Built inside each trace (as MaxText does): its block tables become that program's constants;
+    a kernel cached across traces would carry one trace's values into another."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    block = next(b for b in _SPLASH_BLOCKS if length % b == 0)
+    sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                          block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+    mask = sm.MultiHeadMask([sm.CausalMask((length, length))] * groups)
+    return sk.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret), sk.SegmentIds
+
+
+def splash_attention(qg: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, scale: float,
+                     mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES) -> jax.Array:
+    """Causal attention of qg [b,t,k,g,d] over k, v [b,t,k,d] where key_valid [b,t] (padding
+    keys invisible to real queries) -> [b,t,k,g,d]. Padding queries attend among padding keys
+    (finite; their outputs carry no loss). Sharded as the activations are: rows over the batch
+    axes, KV heads over the tensor axis (shard_map; the kernel sees one device's block)."""
+    b, t, nk, g, d = qg.shape
+    interpret = mesh_platform(mesh) != "tpu"
+    kernel, segment_ids = _splash_kernel(t, g, interpret)
+
+    def local(qg, k, v, valid):  # one device's rows and KV heads
+        seg = valid.astype(jnp.int32)  # [b, t]: 1 real, 0 padding
+
+        def one_head(q_h, k_h, v_h, s):  # q_h [g, t, d]; k_h, v_h [t, d]; s [t]
+            return kernel(q_h, k_h, v_h, segment_ids=segment_ids(q=s, kv=s))
+
+        per_row = jax.vmap(one_head, in_axes=(0, 0, 0, None))  # over KV heads
+        out = jax.vmap(per_row)((qg * scale).transpose(0, 2, 3, 1, 4), k.transpose(0, 2, 1, 3),
+                                v.transpose(0, 2, 1, 3), seg)  # [b, k, g, t, d]
+        return out.transpose(0, 3, 1, 2, 4).astype(v.dtype)
+
+    if mesh is None or mesh.size == 1:
+        return local(qg, k, v, key_valid)
+    q_spec = logical_to_spec(("batch", None, "act_kv_heads", None, None), qg.shape, mesh, rules)
+    kv_spec = logical_to_spec(("batch", None, "act_kv_heads", None), k.shape, mesh, rules)
+    row_spec = logical_to_spec(("batch", None), key_valid.shape, mesh, rules)
+    return jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, row_spec), out_specs=q_spec,
+                         check_vma=False)(qg, k, v, key_valid)
