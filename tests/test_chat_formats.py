@@ -27,6 +27,14 @@ NATIVE_TOOLS = (  # a small Hermes-style template that renders tools and tool_ca
     "{%- endfor %}{%- endif %}<|im_end|>\n{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
 
+LLAMA31_TOOLS = (  # Llama 3.x's way: tools in the system turn, calls as bare {"name", "parameters"} JSON
+    "{{- bos_token }}{%- if tools %}<|start_header_id|>system<|end_header_id|>\n\nTools: {{ tools | tojson }}"
+    "<|eot_id|>{%- endif %}{%- for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+    "{%- if m.tool_calls %}{%- for c in m.tool_calls %}"
+    "{{- '{\"name\": \"' + c.function.name + '\", \"parameters\": ' + (c.function.arguments | tojson) + '}' }}"
+    "{%- endfor %}{%- else %}{{ m.content }}{%- endif %}<|eot_id|>{%- endfor %}"
+    "{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{%- endif %}")
+
 
 def call(code):
     return {"type": "function", "function": {"name": "python", "arguments": {"code": code}}}
@@ -172,6 +180,24 @@ def test_native_tool_template_gets_tools_and_calls_as_they_are(tools_tok):
     assert "<|im_start|>tool\n391" in r.text
     assert _assistant_texts(tools_tok, r) == [
         '\n<tool_call>{"name": "python", "arguments": {"code": "print(17*23)"}}</tool_call><|im_end|>']
+
+
+def test_a_template_whose_calls_the_parser_cannot_read_gets_the_text_convention(smol_tok):
+    """Llama 3.x templates take `tools` but write calls as bare JSON: rendering them natively would
+    train the model on a format the agent loop never parses, so they get the text convention."""
+    llama31 = _variant(smol_tok, LLAMA31_TOOLS, ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"))
+    direct = llama31.apply_chat_template([{"role": "assistant", "content": "", "tool_calls": [call("1")]}],
+                                         tools=TOOLS, tokenize=False)
+    assert '"parameters": {"code": "1"}' in direct and "<tool_call>" not in direct  # the template's own format
+    msgs = [{"role": "user", "content": "17*23?"},
+            {"role": "assistant", "content": "", "tool_calls": [call("print(17*23)")]},
+            {"role": "tool", "content": "391"}]
+    r = chat.render(llama31, msgs, tools=TOOLS, add_generation_prompt=True, mode="train")
+    assert "Tools: [" not in r.text and '"parameters": {"code"' not in r.text  # not the template's tools or calls
+    (turn,) = _assistant_texts(llama31, r)
+    assert turn.endswith("<|eot_id|>")
+    assert [(c.name, c.arguments) for c in chat.parse_tool_calls(turn)] == [("python", {"code": "print(17*23)"})]
+    assert chat.jinja_render.native_tool_calls(_variant(smol_tok, NATIVE_TOOLS))  # Hermes-style stays native
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused_for_training(smol_tok):

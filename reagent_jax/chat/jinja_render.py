@@ -16,8 +16,9 @@ mode="train"; mode="original" still returns the template's exact ids, with a mas
 turns it could place. Qwen3's own template has a Python renderer with a documented training
 variant (`render.py`).
 
-Tools: a template that knows `tools` and `tool_calls` gets them as they are. One that does not
-(SmolLM2's ChatML) gets the `<tool_call>{json}</tool_call>` text convention the parser reads:
+Tools: a template that renders `tools` and `tool_calls` as `<tool_call>{json}</tool_call>` (Qwen2.5,
+Hermes) gets them as they are. Any other (SmolLM2's ChatML has no tools; Llama 3.x writes calls as
+bare JSON the parser does not read) gets the `<tool_call>{json}</tool_call>` text convention:
 the tool schemas and instructions in the system prompt (Qwen3's wording), each call appended to
 the assistant's content as in Qwen3, and a run of tool results as one user turn of
 `<tool_response>` blocks.
@@ -34,6 +35,7 @@ from transformers import PreTrainedTokenizerBase
 
 from reagent_jax.chat import render as qwen3_render
 from reagent_jax.chat.render import Message, Rendered
+from reagent_jax.chat.tool_calls import ToolCall, parse_tool_calls
 
 _PROBE = "reagent-jax-probe"
 _DUMMY_HISTORY = ({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"})
@@ -48,8 +50,37 @@ def chat_template(tok: PreTrainedTokenizerBase) -> str | None:
 
 
 def supports_tools(template: str) -> bool:
-    """Whether the template renders `tools` and assistant `tool_calls` itself."""
+    """Whether the template mentions `tools` and assistant `tool_calls` at all."""
     return "tool_calls" in template and "tools" in template.replace("tool_calls", "")
+
+
+_NATIVE: "weakref.WeakKeyDictionary[Any, tuple[str, bool]]" = weakref.WeakKeyDictionary()
+
+
+def native_tool_calls(tok: PreTrainedTokenizerBase) -> bool:
+    """Whether the template renders tools and tool calls itself *in the format the parser reads*
+    (`<tool_call>{"name": .., "arguments": ..}</tool_call>`, as Qwen2.5's and Hermes' do). A
+    template that writes calls another way (Llama 3.x: bare `{"name": .., "parameters": ..}`
+    JSON) gets the text convention instead, so what the model is trained on and what the agent
+    parses back are the same format."""
+    template = chat_template(tok)
+    cached = _NATIVE.get(tok)
+    if cached is not None and cached[0] == template:
+        return cached[1]
+    native = False
+    if template is not None and supports_tools(template):
+        schema = {"type": "function", "function": {"name": _PROBE, "description": "d", "parameters": {
+            "type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}}
+        call = {"type": "function", "function": {"name": _PROBE, "arguments": {"x": "y"}}}
+        try:
+            text = _apply(tok, [{"role": "user", "content": "q"},
+                                {"role": "assistant", "content": "", "tool_calls": [call]}], [schema])
+            native = any(isinstance(c, ToolCall) and c.name == _PROBE and c.arguments == {"x": "y"}
+                         for c in parse_tool_calls(text))
+        except Exception:  # a template that cannot render the probe: the text convention works everywhere
+            native = False
+    _NATIVE[tok] = (template, native)
+    return native
 
 
 @dataclass(frozen=True)
@@ -145,7 +176,7 @@ def text_convention(messages: Sequence[Message],
 
 def _template_messages(tok, messages, tools):
     """(messages, tools) as the template gets them (see the module docstring on tools)."""
-    if supports_tools(chat_template(tok)):
+    if native_tool_calls(tok):
         msgs = [{k: ("" if k == "content" and v is None else v) for k, v in m.items()}
                 for m in messages]
         return msgs, tools
