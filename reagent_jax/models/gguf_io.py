@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from reagent_jax.cache import build_once, cache_root
+
 ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
                  "qwen3": ("qwen3", "Qwen3ForCausalLM")}
 _LAYER_NAMES = {  # GGUF blk.N.<name> -> HF model.layers.N.<name>
@@ -162,7 +164,6 @@ def _digest(path: str, chunk: int = 1 << 24) -> str:
 def gguf_checkpoint(source: str, cache_dir: str | None = None) -> str:
     """An HF directory converted from `source` ("smollm2" or a .gguf path), built once per machine
     under `cache_dir` (default: the reagent_jax cache, $REAGENT_JAX_CACHE) and reused after."""
-    from reagent_jax.cache import build_once, cache_root
     path = smollm2_gguf() if source == "smollm2" else str(source)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GGUF file {path} not found")
