@@ -46,7 +46,7 @@ def get_config(variant: str = "a800") -> ml_collections.ConfigDict:
     c.strategy = "reagent_u"
     c.mesh = v["mesh"]
     del c["world"]
-    c.data = ml_collections.ConfigDict(dict(train_path="", eval_path="", sft_path=""))
+    c.data = ml_collections.ConfigDict(dict(train_path="", eval_path="", sft_path="", data_dir=""))
     c.tokenizer = ml_collections.ConfigDict(dict(kind="qwen3", vocab_size=0, path=""))
     c.model = ml_collections.ConfigDict(dict(
         init_from="", preset="qwen3-8b", hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32,

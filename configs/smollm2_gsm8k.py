@@ -29,7 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data = ml_collections.ConfigDict(dict(
         train_path=os.path.normpath(os.path.join(_DATA, "train", "gsm8k_train.jsonl")),
         eval_path=os.path.normpath(os.path.join(_DATA, "benchmarks", "gsm8k_full.jsonl")),
-        sft_path="", sft_from="solutions"))
+        sft_path="", sft_from="solutions", data_dir=""))  # data_dir: where tfds: datasets are built
     c.tokenizer = ml_collections.ConfigDict(dict(kind="checkpoint", vocab_size=0, path=""))
     c.model = ml_collections.ConfigDict(dict(
         init_from="smollm2", preset="", hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,

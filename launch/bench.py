@@ -7,6 +7,7 @@ r"""Throughput benchmarks; prints one JSON object and optionally writes it to --
   python launch/bench.py --mode=tools --workdir=runs/quickstart
   python launch/bench.py --mode=serve --preset=bench-256 --clients=64 --iters=5
   python launch/bench.py --mode=eval
+  python launch/bench.py --mode=data --iters=100000   # ArrayRecord vs JSONL random reads (records)
 
 Figures are medians over --iters runs; ratios are against a baseline run in the same process.
 """
@@ -18,7 +19,7 @@ import os
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("mode", "forward", ["forward", "rollout", "train_step", "grpo_step", "tools", "serve", "eval"],
+flags.DEFINE_enum("mode", "forward", ["forward", "rollout", "train_step", "grpo_step", "tools", "serve", "eval", "data"],
                   "What to measure.")
 flags.DEFINE_integer("clients", 64, "serve mode: concurrent clients.", lower_bound=1)
 flags.DEFINE_bool("stream", False, "serve mode: stream responses (server-sent events).")
@@ -65,6 +66,9 @@ def main(argv):
         result = bench.server_under_load(FLAGS.preset, clients=FLAGS.clients, prompt_len=FLAGS.prompt_len,
                                          new_tokens=FLAGS.new_tokens, stream=FLAGS.stream, repeats=FLAGS.iters,
                                          **({"vocab_size": FLAGS.vocab_size} if FLAGS.vocab_size else {}))
+    elif FLAGS.mode == "data":
+        from reagent_jax.data import bench
+        result = bench.run(num_records=max(FLAGS.iters, 1000), reads=max(FLAGS.iters, 1000))
     elif FLAGS.mode == "eval":
         from reagent_jax.serve import bench
         result = bench.eval_wall_time()

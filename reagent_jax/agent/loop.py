@@ -23,9 +23,12 @@ import dataclasses
 import time
 from typing import Callable, Optional, Sequence
 
+import jax
+
 from reagent_jax import chat
 from reagent_jax.agent import tools
 from reagent_jax.agent.trajectory import ToolStats, Trajectory
+from reagent_jax.parallel import hosts
 from reagent_jax.rollout import SamplingParams
 
 DEFAULT_SYSTEM_PROMPT = ("You are a careful research assistant. Use the tools to look facts up and to "
@@ -118,6 +121,11 @@ class AgentLoop:
     def continue_many(self, items: Sequence[tuple[Trajectory, list[dict]]], greedy: bool = False,
                       progress=None) -> list[Trajectory]:
         """Continues finished episodes with extra messages (e.g. a critique turn) as second attempts."""
+        items = list(items)
+        mine = hosts.share(len(items))
+        for i, (prev, _) in enumerate(items):  # several processes: a kept session lives on one engine
+            if i not in mine and prev.extras.get("session_id") is not None and self._owns(prev):
+                self.release([prev])  # another process continues it (by prefilling the prefix)
         return self._map(lambda it: self.continue_episode(it[0], it[1], greedy=greedy), list(items), progress)
 
     def release(self, trajs: Sequence[Trajectory]) -> None:
@@ -128,15 +136,32 @@ class AgentLoop:
                 self.engine.release(sid)
 
     def _map(self, fn, jobs, progress):
-        workers = max(1, min(self.config.max_parallel_episodes, len(jobs)))
-        out = [None] * len(jobs)
+        """fn over jobs in host threads; the result list is in job order. On several processes
+        each runs its `hosts.share` of the jobs on its own engine and all end with every result."""
+        mine = hosts.share(len(jobs))
+        workers = max(1, min(self.config.max_parallel_episodes, len(mine)))
+        out = [None] * len(mine)
         with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="episode") as pool:
-            futs = {pool.submit(fn, job): i for i, job in enumerate(jobs)}
+            futs = {pool.submit(fn, jobs[j]): i for i, j in enumerate(mine)}
             for f in concurrent.futures.as_completed(futs):
                 out[futs[f]] = f.result()
                 if progress is not None:
                     progress(out[futs[f]])
-        return out
+        if jax.process_count() == 1:
+            return out
+        for t in out:
+            t.extras["process"] = jax.process_index()
+        shares = hosts.allgather_objects(out)
+        shares[jax.process_index()] = out  # this process's own objects (they hold its sessions)
+        merged = [t for share in shares for t in share]
+        for t in merged:
+            if not self._owns(t):
+                t.extras.pop("session_id", None)  # another engine's session
+        return merged
+
+    @staticmethod
+    def _owns(traj: Trajectory) -> bool:
+        return traj.extras.get("process", jax.process_index()) == jax.process_index()
 
     def run_episode(self, record: dict, sample_index: int = 0, seed: int = 0, greedy: bool = False,
                     keep_session: bool = False) -> Trajectory:

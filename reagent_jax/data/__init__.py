@@ -1,4 +1,4 @@
-"""Grain input pipelines: validated JSONL/parquet sources, row schemas, resumable batch loaders."""
+"""Grain input pipelines: validated JSONL/parquet sources, TFDS/ArrayRecord datasets, row schemas, resumable batch loaders."""
 
 from reagent_jax.data.benchmarks import benchmark_dir, list_benchmarks, load_benchmark, resolve_benchmark
 from reagent_jax.data.loader import BatchIterator, make_loader
@@ -16,6 +16,7 @@ from reagent_jax.data.schemas import (
     get_schema,
 )
 from reagent_jax.data.sources import JsonlSource, expand_paths
+from reagent_jax.data.tfds_rows import TfdsSource, build_dataset, is_tfds_spec, open_rows
 
 __all__ = [
     "AGENT_RL",
@@ -25,16 +26,20 @@ __all__ = [
     "RRM_RL",
     "RRM_SFT",
     "SCHEMAS",
+    "TfdsSource",
     "BatchIterator",
     "Field",
     "JsonlSource",
     "RowError",
     "Schema",
     "benchmark_dir",
+    "build_dataset",
     "expand_paths",
     "get_schema",
+    "is_tfds_spec",
     "list_benchmarks",
     "load_benchmark",
     "make_loader",
+    "open_rows",
     "resolve_benchmark",
 ]

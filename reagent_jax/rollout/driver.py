@@ -19,7 +19,7 @@ from jax.sharding import Mesh, SingleDeviceSharding
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.parallel.rules import Rules
 from reagent_jax.rollout import kernels
-from reagent_jax.rollout.layout import ENGINE_RULES, WeightSync, engine_mesh
+from reagent_jax.rollout.layout import ENGINE_RULES, WeightSync, engine_meshes
 from reagent_jax.rollout.batches import decode_state, decode_window, needs_truncation, prefill_batch
 from reagent_jax.rollout.session import DECODE, DONE, PAUSED, PREFILL, Result, Session, turn_end
 
@@ -40,7 +40,8 @@ class Driver:
                  mesh: Optional[Mesh], rules: Optional[Rules] = None,
                  decode_fn: Optional[Callable[[list[int]], str]] = None, cache_dtype=None,
                  tensor_parallel: Optional[int] = None, raise_errors: bool = True):
-        self.cfg, self.mesh = cfg, engine_mesh(mesh, cfg, tensor_parallel)
+        self.mesh, spanning = engine_meshes(mesh, cfg, tensor_parallel)  # this process's devices
+        self.cfg = cfg
         self.rules = ENGINE_RULES if rules is None else rules
         self.raise_errors = raise_errors
         self.num_slots, self.max_len, self.prefill_chunk = num_slots, max_len, prefill_chunk
@@ -55,7 +56,7 @@ class Driver:
         self.window_buckets = tuple(sorted({min(w, max_len) for w in windows} | {max_len}))
         self.decode_steps, self.max_stop_ids = decode_steps, max_stop_ids
         self.decode_fn = decode_fn
-        self._sync = WeightSync(cfg, self.mesh, params, self.rules)
+        self._sync = WeightSync(cfg, self.mesh, params, self.rules, spanning)
         self._param_shapes = [tuple(x.shape) for x in jax.tree.leaves(params)]
         self._params = self._sync(params)
         self._cache_dtype = cache_dtype
@@ -250,4 +251,4 @@ class Driver:
 
     def _new_cache(self):
         cache = kernels.init_cache(self.cfg, self.num_slots, self.max_len, self.mesh, self.rules, self._cache_dtype)
-        return cache if self.mesh is not None else jax.device_put(cache, SingleDeviceSharding(jax.devices()[0]))
+        return cache if self.mesh is not None else jax.device_put(cache, SingleDeviceSharding(jax.local_devices()[0]))

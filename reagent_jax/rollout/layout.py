@@ -16,11 +16,11 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.functional import param_shardings
+from reagent_jax.parallel.hosts import process_groups
 from reagent_jax.parallel.rules import DEFAULT_RULES, MESH_AXES, Rules
 
 _ENGINE_OVERRIDES = {
@@ -38,24 +38,38 @@ def default_tensor_parallel(cfg: Qwen3Config, num_devices: int) -> int:
     return max(t for t in range(1, num_devices + 1) if num_devices % t == 0 and cfg.num_kv_heads % t == 0)
 
 
-def engine_mesh(mesh: Optional[Mesh], cfg: Qwen3Config, tensor: Optional[int] = None) -> Optional[Mesh]:
-    """The (data, fsdp=1, tensor) mesh over `mesh`'s devices in the same order (so one jitted
-    program can take trainer-sharded weights and return engine-sharded ones). None stays None
-    (one device)."""
+def engine_meshes(mesh: Optional[Mesh], cfg: Qwen3Config,
+                  tensor: Optional[int] = None) -> tuple[Optional[Mesh], Optional[Mesh]]:
+    """(local, spanning): the engine's (data, fsdp=1, tensor) mesh over this process's devices
+    of `mesh` in their order, and, on several processes, the same layout over all of them (each
+    process's devices whole rows of it), through which the weights are resharded. One process:
+    (mesh, None); no mesh: (None, None)."""
     if mesh is None:
-        return None
-    devices = np.asarray(mesh.devices).reshape(-1)
-    n = devices.size
+        return None, None
+    groups = process_groups(mesh.devices)  # [processes, devices per process]
+    n = groups.shape[1]
     tensor = default_tensor_parallel(cfg, n) if tensor is None else int(tensor)
     if tensor < 1 or n % tensor:
-        raise ValueError(f"engine tensor_parallel={tensor} must divide the {n} devices of the mesh")
-    return Mesh(devices.reshape(n // tensor, 1, tensor), MESH_AXES)
+        raise ValueError(f"engine tensor_parallel={tensor} must divide the {n} devices of the mesh"
+                         + (" on each process" if len(groups) > 1 else ""))
+    mine = [i for i, row in enumerate(groups) if row[0].process_index == jax.process_index()]
+    local = Mesh(groups[mine[0]].reshape(n // tensor, 1, tensor), MESH_AXES)
+    if len(groups) == 1:
+        return local, None
+    return local, Mesh(groups.reshape(len(groups) * n // tensor, 1, tensor), MESH_AXES)
+
+
+def engine_mesh(mesh: Optional[Mesh], cfg: Qwen3Config, tensor: Optional[int] = None) -> Optional[Mesh]:
+    """The engine's mesh on this process (see `engine_meshes`): the same devices in the same
+    order on one process, so one jitted program takes trainer-sharded weights and returns
+    engine-sharded ones. None stays None (one device)."""
+    return engine_meshes(mesh, cfg, tensor)[0]
 
 
 def engine_shardings(cfg: Qwen3Config, mesh: Optional[Mesh], params, rules: Rules = ENGINE_RULES):
     """Shardings of the engine's weights: its rules on its mesh, or the first device."""
     if mesh is None:
-        return jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), params)
+        return jax.tree.map(lambda _: SingleDeviceSharding(jax.local_devices()[0]), params)
     return param_shardings(cfg, mesh, rules)
 
 
@@ -67,13 +81,20 @@ def engine_dtype(cfg: Qwen3Config):
 class WeightSync:
     """trainer params -> the engine's own copy: cast to the compute dtype (floating leaves) and
     resharded onto the engine's layout in one jitted program. Its outputs are fresh buffers,
-    so donating or deleting the trainer's params never touches the engine's."""
+    so donating or deleting the trainer's params never touches the engine's.
 
-    def __init__(self, cfg: Qwen3Config, mesh: Optional[Mesh], params, rules: Rules = ENGINE_RULES):
+    spanning (several processes): the program reshards onto the engine layout over every
+    process's devices (replicated over data, so each process ends with a whole tensor-parallel
+    copy), and each process then keeps its own shards as arrays on its local mesh."""
+
+    def __init__(self, cfg: Qwen3Config, mesh: Optional[Mesh], params, rules: Rules = ENGINE_RULES,
+                 spanning: Optional[Mesh] = None):
         self.shardings = engine_shardings(cfg, mesh, params, rules)
         dtype = engine_dtype(cfg)
         cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
-        self._fn = jax.jit(lambda p: jax.tree.map(cast, p), out_shardings=self.shardings)
+        out = self.shardings if spanning is None else engine_shardings(cfg, spanning, params, rules)
+        self._fn = jax.jit(lambda p: jax.tree.map(cast, p), out_shardings=out)
+        self._spanning = spanning
         self._dtype = dtype
 
     def __call__(self, params):
@@ -83,4 +104,9 @@ class WeightSync:
             raise ValueError(f"engine weights: {deleted[0]} (and {len(deleted) - 1} more) was deleted or donated "
                              "before the engine copied it; hand the engine the params the train step returned "
                              "(engine.update_params(state.params)) rather than the donated input state")
-        return self._fn(params)
+        out = self._fn(params)
+        if self._spanning is None:
+            return out
+        local = lambda x, s: jax.make_array_from_single_device_arrays(
+            x.shape, s, [shard.data for shard in x.addressable_shards])
+        return jax.tree.map(local, out, self.shardings)

@@ -18,11 +18,13 @@ import logging
 import os
 import random
 import time
+from typing import Sequence
 
 from reagent_jax import metrics as metrics_lib
 from reagent_jax.agent import envs, tools
 from reagent_jax.agent.loop import AgentConfig, AgentLoop
 from reagent_jax.eval.agent_eval import evaluate_agent
+from reagent_jax.parallel import hosts
 from reagent_jax.rollout import Engine
 from reagent_jax.trainers.context import load_policy, make_context
 from reagent_jax.trainers.grpo import run_grpo
@@ -40,15 +42,17 @@ def build_registry(ctx):
     return tools.build_registry({"search": {"backend": "local", "corpus": corpus}}, names=names)
 
 
-def load_records(ctx) -> tuple[list[dict], list[dict]]:
-    """(train, held-out) question records: the synthetic world, or JSONL files (config.data)."""
+def load_records(ctx) -> tuple[Sequence[dict], list[dict]]:
+    """(train, held-out) question records: the synthetic world, or config.data's files / `tfds:` dataset.
+
+    Training rows stay a random-access source (read per step, never all in memory)."""
     if ctx.world is not None:
         return ctx.world.records("train"), ctx.world.records("heldout")[: ctx.config.eval.num_questions]
     from reagent_jax import data
     d = ctx.config.data
     if not d.train_path:
         raise ValueError("config.data.train_path is required when there is no synthetic world")
-    train = [dict(r) for r in data.JsonlSource(d.train_path, data.AGENT_RL)]
+    train = data.open_rows(d.train_path, data.AGENT_RL, data_dir=d.get("data_dir", "") or None)
     heldout = data.load_benchmark(d.eval_path)[: ctx.config.eval.num_questions] if d.eval_path else []
     return train, heldout
 
@@ -63,7 +67,8 @@ def sft_conversations(ctx, registry, loop, train_records) -> list[list[dict]]:
         return solution_conversations(ctx, registry, loop, train_records)
     if not ctx.config.data.sft_path:
         raise ValueError("the sft stage needs config.data.sft_path (agent SFT JSONL) without a synthetic world")
-    return [list(r["messages"]) for r in data.JsonlSource(ctx.config.data.sft_path, data.AGENT_SFT)]
+    rows = data.open_rows(ctx.config.data.sft_path, data.AGENT_SFT, data_dir=ctx.config.data.get("data_dir", "") or None)
+    return [list(r["messages"]) for r in rows]
 
 
 def expert_conversations(ctx, registry, loop: AgentLoop, questions) -> list[list[dict]]:
@@ -196,9 +201,10 @@ def run(config, workdir: str) -> dict:
             ev = evaluate_agent(eval_loop, heldout, n=n, greedy=config.eval.greedy, seed=config.seed)
             rows.append(_row(name, ev, n))
             log.info("%s: held-out accuracy %.3f", name, ev["accuracy"])
-            with open(os.path.join(workdir, f"eval_{name}.jsonl"), "w") as f:
-                for t in ev["trajectories"]:
-                    f.write(json.dumps(t.to_json()) + "\n")
+            if hosts.is_leader():  # every process has every trajectory; one writes them
+                with open(os.path.join(workdir, f"eval_{name}.jsonl"), "w") as f:
+                    for t in ev["trajectories"]:
+                        f.write(json.dumps(t.to_json()) + "\n")
             return ev
 
         evaluate(start_from or ("init" if config.model.init_from else "random_init"))
@@ -242,6 +248,8 @@ def run(config, workdir: str) -> dict:
     table = (metrics_lib.markdown_table(rows) if rows else
              "(no held-out evaluation: no questions in data.eval_path / eval.num_questions)")
     summary = {"table": rows, "wall_s": wall, "engine": engine.stats(), "workdir": workdir}
+    if not hosts.is_leader():
+        return summary
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=str)
     for stage in stages:

@@ -239,12 +239,15 @@ def _agent(p: _Problems, workdir: Optional[str], check_paths: bool) -> None:
 def _data_paths(p: _Problems, keys: Sequence[str], comma_lists: bool = False) -> None:
     """Data files as the pipelines open them (`data.expand_paths`: a file, a glob or a directory;
     comma-separated lists only where the pipeline splits them)."""
-    from reagent_jax.data import expand_paths
+    from reagent_jax.data import expand_paths, is_tfds_spec, tfds_rows
     for key in keys:
         value = p.get(key, "")
         if not value:
             continue
         try:
+            if is_tfds_spec(value):
+                tfds_rows.dataset_dir(value, p.get("data.data_dir", "") or None)
+                continue
             expand_paths([s for s in str(value).split(",") if s.strip()] if comma_lists else str(value))
         except (FileNotFoundError, ValueError) as e:
             p.add(key, str(e))

@@ -60,7 +60,7 @@ def build_tokenizer(config, workdir: str, world=None):
             raise ValueError("tokenizer.kind='checkpoint' takes the tokenizer of model.init_from (or "
                              "tokenizer.path); set one of them")
         tok = chat.load_tokenizer(source)
-        tok.save_pretrained(path)
+        _save_tokenizer(tok, path)
         return tok
     if os.path.exists(os.path.join(path, "tokenizer.json")):
         return chat.load_tokenizer(path)
@@ -80,9 +80,19 @@ def build_tokenizer(config, workdir: str, world=None):
     convs = [envs.expert_trajectory(world, q, system_prompt=DEFAULT_SYSTEM_PROMPT) for q in world.train[:200]]
     rendered = [chat.render(first, c, mode="train", add_generation_prompt=False).text for c in convs]
     tok = chat.build_compact_tokenizer(texts + rendered, vocab_size=t.vocab_size, max_digits=digits)
-    os.makedirs(path, exist_ok=True)
-    tok.save_pretrained(path)
+    _save_tokenizer(tok, path)
     return tok
+
+
+def _save_tokenizer(tok, path: str) -> None:
+    """save_pretrained file by file through a private directory and os.replace, so processes
+    sharing the workdir (multi-host) never load a half-written tokenizer.json."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    tok.save_pretrained(tmp)
+    os.makedirs(path, exist_ok=True)
+    for name in os.listdir(tmp):
+        os.replace(os.path.join(tmp, name), os.path.join(path, name))
+    os.rmdir(tmp)
 
 
 def model_config(config, tokenizer) -> models.Qwen3Config:

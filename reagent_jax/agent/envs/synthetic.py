@@ -237,9 +237,11 @@ class SyntheticWorld:
         """One {"id","title","contents"} object per line, the format the retrieval server indexes."""
         path = os.fspath(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
+        tmp = f"{path}.tmp{os.getpid()}"  # atomic: hosts sharing the workdir never read half a file
+        with open(tmp, "w", encoding="utf-8") as f:
             for doc in self.corpus():
                 f.write(json.dumps(doc, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
         return path
 
     def records(self, split: str = "train") -> list[dict[str, Any]]:

@@ -1,0 +1,62 @@
+"""Random-access read benchmark: ArrayRecord (TfdsSource) vs JSONL (JsonlSource) over the same rows.
+
+What a pod host pays to start reading (JSONL: index every line; ArrayRecord: open the files) and
+to read records at random, and how much resident memory each source holds per process.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import tempfile
+import time
+
+import grain
+import numpy as np
+import psutil
+
+from reagent_jax.data.loader import make_loader
+from reagent_jax.data.sources import JsonlSource
+from reagent_jax.data.tfds_rows import TfdsSource, build_dataset
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def run(num_records: int = 100_000, reads: int = 100_000, seed: int = 0) -> dict:
+    """Times opening and `reads` random reads of `num_records` GSM8K-sized agent_rl rows."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "rows.jsonl")
+        with open(path, "w") as f:
+            for i in range(num_records):
+                f.write(json.dumps({"question": f"Question {i}: " + "word " * 40, "answer": [str(i)],
+                                    "data_source": "gsm8k", "meta": {"solution": "step " * 30}}) + "\n")
+        t0 = time.perf_counter()
+        spec = build_dataset("agent_rl", "bench", {"train": path}, data_dir=os.path.join(tmp, "tfds"))
+        build_s = time.perf_counter() - t0
+        order = np.random.default_rng(seed).integers(0, num_records, reads)
+        out = {"num_records": num_records, "reads": reads, "build_s": round(build_s, 2)}
+        for name, opener in (("jsonl", lambda: JsonlSource(path, "agent_rl")),
+                             ("array_record", lambda: TfdsSource(spec, data_dir=os.path.join(tmp, "tfds")))):
+            gc.collect()
+            rss0, t0 = _rss(), time.perf_counter()
+            source = opener()
+            open_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for i in order:
+                source[int(i)]
+            read_s = time.perf_counter() - t0
+            loader = make_loader(source, batch_size=64, seed=seed, shard_by_process=False,
+                                 read_options=grain.ReadOptions(num_threads=1, prefetch_buffer_size=256))
+            t0, seen = time.perf_counter(), 0
+            while seen < reads:  # the way training reads: shuffled Grain batches of 64
+                seen += len(next(loader))
+            loader_s = time.perf_counter() - t0
+            loader.close()
+            out[name] = {"open_s": round(open_s, 3), "read_s": round(read_s, 3),
+                         "records_per_s": round(reads / read_s), "open_plus_read_s": round(open_s + read_s, 3),
+                         "loader_records_per_s": round(seen / loader_s),
+                         "rss_growth_mb": round((_rss() - rss0) / 2**20, 1)}
+            del source
+        return out
