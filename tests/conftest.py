@@ -69,3 +69,14 @@ def smollm2_dir():
         return models.gguf_checkpoint("smollm2")
     except FileNotFoundError as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_run(tmp_path_factory):
+    """Workdir of the tiny quickstart run uninterrupted on one process with 4 devices: the
+    reference of the resume tests (single- and multi-process)."""
+    ref_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
+    import subprocess
+    from tests.quickstart_run import cmd, env
+    subprocess.run(cmd(ref_dir), env=env(), check=True, capture_output=True, timeout=900)
+    return ref_dir

@@ -10,29 +10,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 from reagent_jax.metrics import read_metrics
-from tests.test_train_resume import COMPARE, OVERRIDES, REPO
-
-ARGS = [*OVERRIDES, "--config.mesh=auto"]
-
-
-def _cmd(workdir):
-    return [sys.executable, os.path.join(REPO, "launch/train.py"), "--config=" + os.path.join(REPO, "configs/quickstart.py"),
-            f"--workdir={workdir}", *ARGS]
-
-
-def _env(devices, **extra):
-    env = dict(os.environ, REAGENT_NO_PROGRESS="1", PYTHONPATH=REPO, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **extra)
-    env.pop("REAGENT_DISTRIBUTED", None)
-    return env
-
+from tests.quickstart_run import COMPARE, cmd as _cmd, env as _env
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -75,9 +59,8 @@ def _final_params(workdir):
     return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}
 
 
-def test_two_processes_killed_and_resumed_match_one_process(tmp_path):
-    ref_dir, run_dir = tmp_path / "one", tmp_path / "two"
-    subprocess.run(_cmd(ref_dir), env=_env(4), check=True, capture_output=True, timeout=900)
+def test_two_processes_killed_and_resumed_match_one_process(tmp_path, uninterrupted_run):
+    ref_dir, run_dir = uninterrupted_run, tmp_path / "two"
 
     procs = _launch(run_dir, tmp_path, "first")
     deadline, grpo = time.time() + 900, run_dir / "grpo"

@@ -1,38 +1,17 @@
 """A training run killed with SIGKILL mid-GRPO and resumed logs the same metrics as an
 uninterrupted run with the same seed (checkpoints hold params, optimizer state and step; the
 data and rollout seeds of step s are pure functions of (seed, s))."""
-import os
 import signal
 import subprocess
-import sys
 import time
 
 from reagent_jax.metrics import read_metrics
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMPARE = ("critic/score/mean", "actor/pg_loss", "actor/entropy", "response_length/mean", "num_turns/mean",
-           "actor/grad_norm", "batch/kept_frac")
-OVERRIDES = ["--config.sft.steps=3", "--config.sft.batch_size=4", "--config.grpo.steps=4", "--config.grpo.n=2",
-             "--config.grpo.questions_per_step=2", "--config.grpo.drop_equal_reward_groups=False",
-             "--config.grpo.micro_batches=1", "--config.eval.num_questions=2", "--config.checkpoint.every=1",
-             "--config.world.n_questions=40", "--config.world.n_entities=10", "--config.model.hidden_size=64",
-             "--config.model.intermediate_size=128", "--config.model.num_layers=2",
-             "--config.agent.max_turns=2", "--config.agent.max_tokens_per_turn=24", "--config.rollout.num_slots=8"]
+from tests.quickstart_run import COMPARE, cmd as _cmd, env as _env
 
 
-def _cmd(workdir):
-    return [sys.executable, os.path.join(REPO, "launch/train.py"), "--config=" + os.path.join(REPO, "configs/quickstart.py"),
-            f"--workdir={workdir}", *OVERRIDES]
-
-
-def _env():
-    return dict(os.environ, REAGENT_NO_PROGRESS="1", PYTHONPATH=REPO)
-
-
-def test_sigkill_mid_grpo_then_resume_matches_uninterrupted(tmp_path):
-    ref_dir, killed_dir = tmp_path / "ref", tmp_path / "killed"
-    subprocess.run(_cmd(ref_dir), env=_env(), check=True, capture_output=True, timeout=900)
-
+def test_sigkill_mid_grpo_then_resume_matches_uninterrupted(tmp_path, uninterrupted_run):
+    ref_dir, killed_dir = uninterrupted_run, tmp_path / "killed"
     proc = subprocess.Popen(_cmd(killed_dir), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 900
     grpo = killed_dir / "grpo"
