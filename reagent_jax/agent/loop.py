@@ -126,7 +126,7 @@ class AgentLoop:
         for i, (prev, _) in enumerate(items):  # several processes: a kept session lives on one engine
             if i not in mine and prev.extras.get("session_id") is not None and self._owns(prev):
                 self.release([prev])  # another process continues it (by prefilling the prefix)
-        return self._map(lambda it: self.continue_episode(it[0], it[1], greedy=greedy), list(items), progress)
+        return self._map(lambda it: self.continue_episode(it[0], it[1], greedy=greedy), items, progress)
 
     def release(self, trajs: Sequence[Trajectory]) -> None:
         """Frees sessions kept by `run(..., keep_sessions=True)`."""

@@ -52,8 +52,8 @@ def engine_meshes(mesh: Optional[Mesh], cfg: Qwen3Config,
     if tensor < 1 or n % tensor:
         raise ValueError(f"engine tensor_parallel={tensor} must divide the {n} devices of the mesh"
                          + (" on each process" if len(groups) > 1 else ""))
-    mine = [i for i, row in enumerate(groups) if row[0].process_index == jax.process_index()]
-    local = Mesh(groups[mine[0]].reshape(n // tensor, 1, tensor), MESH_AXES)
+    mine = next(row for row in groups if row[0].process_index == jax.process_index())
+    local = Mesh(mine.reshape(n // tensor, 1, tensor), MESH_AXES)
     if len(groups) == 1:
         return local, None
     return local, Mesh(groups.reshape(len(groups) * n // tensor, 1, tensor), MESH_AXES)
