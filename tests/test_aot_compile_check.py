@@ -66,6 +66,22 @@ def test_every_program_of_the_run_compiles_and_fits(compiled):
     assert grpo["resident"]["engine KV cache"] > 0 and grpo["resident"]["reference params"] > 0
 
 
+def test_the_engine_cache_is_the_runs_num_slots_over_every_chip(compiled):
+    """rollout.num_slots is the run's total: on v5p:2x2x2 (2 hosts of 4 chips) each host's engine
+    holds half the slots on its own chips, so the KV cache per chip is the run's whole cache over
+    all chips, as on one host."""
+    topology, _, report, _ = compiled
+    tiny = {k.removeprefix("--config."): float(v) for k, v in (a.split("=") for a in TINY)}
+    slots, fp32 = int(tiny["rollout.num_slots"]), 4
+    whole = 2 * tiny["model.num_layers"] * slots * tiny["model.num_kv_heads"] * tiny["rollout.max_len"] * \
+        tiny["model.head_dim"] * fp32  # k and v
+    grpo = next(p for p in report["programs"] if p["name"] == "grpo/train_step")
+    assert grpo["resident"]["engine KV cache"] == pytest.approx(whole / report["num_devices"])
+    decode = next(p for p in report["programs"] if p["name"] == "rollout/decode")
+    assert f"x {slots // (2 if topology == 'v5p:2x2x2' else 1)} slots" in decode["notes"]
+    assert (f"this host's share of {slots}" in decode["notes"]) == (topology == "v5p:2x2x2")
+
+
 def test_no_cpu_kernel_enters_a_tpu_program(compiled):
     """Kernel choices follow the mesh's devices: the host is a CPU, the programs are TPU programs,
     and the training / scoring passes run TPU splash attention (model.attention=auto)."""

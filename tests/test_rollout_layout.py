@@ -1,4 +1,6 @@
 """The engine's own layout: its mesh over the trainer's devices, its rules, its weight copy."""
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +28,18 @@ def test_engine_mesh_keeps_the_device_order_and_checks_tensor():
     assert layout.engine_mesh(None, cfg) is None
     with pytest.raises(ValueError, match="tensor_parallel=3 must divide the 1 devices"):
         layout.engine_mesh(mesh, cfg, tensor=3)
+
+
+def test_num_slots_is_the_runs_total_over_the_processes():
+    """Each process's engine holds an equal share, so one config means the same KV cache per
+    chip on one host or several; a total that does not split is refused, naming the split."""
+    device = lambda p: types.SimpleNamespace(process_index=p)
+    two_hosts = types.SimpleNamespace(devices=np.array([[device(0), device(0), device(1), device(1)]], object))
+    one_host = types.SimpleNamespace(devices=np.array([device(0)] * 4, object))
+    assert layout.slots_per_process(64, two_hosts) == 32
+    assert layout.slots_per_process(64, one_host) == layout.slots_per_process(64, None) == 64
+    with pytest.raises(ValueError, match="num_slots=5 must be a multiple of the mesh's 2 processes"):
+        layout.slots_per_process(5, two_hosts)
 
 
 def test_engine_rules_split_weights_by_heads_and_never_by_embed():

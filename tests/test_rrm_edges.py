@@ -142,6 +142,9 @@ class FakeLoop:
     def release(self, trajs):
         pass
 
+    def keeps_sessions(self, episodes):
+        return False
+
     def continue_many(self, jobs, greedy=False):
         self.refine_turns += [turns for _, turns in jobs]
         return [self._traj(t.question, self.second[t.question["question"]], 2) for t, _ in jobs]

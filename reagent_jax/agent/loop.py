@@ -118,6 +118,11 @@ class AgentLoop:
         return self._map(lambda job: self.run_episode(job[0], sample_index=job[1], seed=job[2], greedy=greedy,
                                                       keep_session=keep_sessions), jobs, progress)
 
+    def keeps_sessions(self, episodes: int) -> bool:
+        """Whether this process's share of `episodes` fits in its engine's slots at once, so
+        their sessions (and KV caches) can stay alive for `continue_many`."""
+        return len(hosts.share(episodes)) <= getattr(self.engine, "num_slots", 0)
+
     def continue_many(self, items: Sequence[tuple[Trajectory, list[dict]]], greedy: bool = False,
                       progress=None) -> list[Trajectory]:
         """Continues finished episodes with extra messages (e.g. a critique turn) as second attempts."""

@@ -28,7 +28,7 @@ from reagent_jax.parallel.rules import named_sharding
 from reagent_jax.rl import objectives as obj
 from reagent_jax.rl import train_step as ts
 from reagent_jax.rollout import kernels
-from reagent_jax.rollout.layout import ENGINE_RULES, engine_dtype, engine_mesh, engine_shardings
+from reagent_jax.rollout.layout import ENGINE_RULES, engine_dtype, engine_mesh, engine_shardings, slots_per_process
 
 QWEN3_TOKENIZER_SIZE = 151_669  # chat.load_tokenizer(None): 151,643 BPE ranks + Qwen3's added tokens
 ENGINE_PREFILL_ROWS = 8  # rollout.Engine's max_prefill_rows default
@@ -84,9 +84,10 @@ def _train_state(cfg, mesh: Mesh, optimizer) -> ts.TrainState:
 
 
 def _cache(cfg, mesh: Mesh, num_slots: int, max_len: int):
-    """The engine's (k, v) KV cache, on the engine's mesh."""
+    """This process's engine's (k, v) KV cache (its share of the run's `num_slots`), on the
+    engine's mesh."""
     emesh = engine_mesh(mesh, cfg)
-    shape = kernels.cache_shape(cfg, num_slots, max_len, emesh)
+    shape = kernels.cache_shape(cfg, slots_per_process(num_slots, mesh), max_len, emesh)
     one = jax.ShapeDtypeStruct(shape, jnp.dtype(cfg.compute_dtype),
                                sharding=named_sharding(emesh, kv_layout.cache_axes(emesh), shape, ENGINE_RULES))
     return one, one
@@ -198,20 +199,21 @@ def prefill_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, ch
                     resident: dict[str, float]) -> Program:
     emesh = engine_mesh(mesh, cfg)
     params, cache = _engine_params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len)
-    rows = min(ENGINE_PREFILL_ROWS, num_slots)
+    rows = min(ENGINE_PREFILL_ROWS, slots_per_process(num_slots, mesh))
     r = lambda dtype, *shape: _replicated(emesh, shape, dtype)
     args = (params, cache, r(jnp.int32, rows, chunk), r(jnp.int32, rows), r(jnp.int32, rows), r(jnp.int32, rows),
             _sampling(emesh, rows))
     fn = jax.jit(lambda p, c, t, w, s, l, smp: kernels.prefill(cfg, p, c, t, w, s, l, smp, window=max_len,
                                                                truncation=True, mesh=emesh, rules=ENGINE_RULES),
                  donate_argnums=(1,))
-    flops = rows * chunk * (dense_flops_per_token(cfg) + attention_flops_per_token(cfg, max_len)) + \
-        rows * projection_flops(cfg)
+    hosts = mesh.size // emesh.size  # each host's engine runs this program on its own chips
+    flops = hosts * rows * (chunk * (dense_flops_per_token(cfg) + attention_flops_per_token(cfg, max_len)) +
+                            projection_flops(cfg))
     window_kv = 2 * rows * cfg.num_layers * cfg.num_kv_heads * max_len * cfg.head_dim * \
         jnp.dtype(cfg.compute_dtype).itemsize
     weights = per_chip_bytes(params)
     link = _tp_link_bytes(cfg, emesh, rows * chunk / emesh.shape["data"])
-    return Program(name, fn, args, {}, flops, weights + window_kv / mesh.size, link, resident,
+    return Program(name, fn, args, {}, flops, weights + window_kv / emesh.size, link, resident,
                    notes=f"{rows} rows x {chunk}-token chunk, window {max_len}; engine mesh {_mesh_str(emesh)}",
                    weight_bytes=weights, large_copy_bytes=min(64 * 1024 ** 2, per_chip_bytes(cache[0])))
 
@@ -221,18 +223,23 @@ def decode_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, ste
     emesh = engine_mesh(mesh, cfg)
     params, cache = _engine_params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len)
     r = lambda dtype, *shape: _replicated(emesh, shape, dtype)
-    n = num_slots
+    n = slots_per_process(num_slots, mesh)
     state = kernels.DecodeState(r(jnp.int32, n), r(jnp.int32, n), r(jnp.bool_, n), r(jnp.int32, n),
                                 _sampling(emesh, n), r(jnp.int32, n, ENGINE_STOP_IDS), r(jnp.bool_))
     fn = jax.jit(lambda p, c, s: kernels.decode(cfg, p, c, s, num_steps=steps, window=max_len, truncation=True,
                                                 mesh=emesh, rules=ENGINE_RULES), donate_argnums=(1,))
-    flops = steps * n * (dense_flops_per_token(cfg) + attention_flops_per_token(cfg, max_len) + projection_flops(cfg))
+    flops = steps * num_slots * (dense_flops_per_token(cfg) + attention_flops_per_token(cfg, max_len) + projection_flops(cfg))
     weights, kv = per_chip_bytes(params), per_chip_bytes(cache)
     link = steps * _tp_link_bytes(cfg, emesh, n / emesh.shape["data"])
     return Program(name, fn, (params, cache, state), {}, flops, steps * (weights + kv), link, resident,
-                   notes=f"{steps} fused steps x {n} slots, window {max_len} (every slot full length); engine mesh "
+                   notes=f"{steps} fused steps x {n} slots{_of_total(n, num_slots)}, window {max_len} (every slot full "
+                         f"length); engine mesh "
                          f"{_mesh_str(emesh)}", weight_bytes=weights,
                    large_copy_bytes=min(64 * 1024 ** 2, per_chip_bytes(cache[0])))
+
+
+def _of_total(local: int, total: int) -> str:
+    return "" if local == total else f" (this host's share of {total})"
 
 
 def _mesh_str(mesh: Mesh) -> str:

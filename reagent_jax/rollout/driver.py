@@ -19,7 +19,7 @@ from jax.sharding import Mesh, SingleDeviceSharding
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.parallel.rules import Rules
 from reagent_jax.rollout import kernels
-from reagent_jax.rollout.layout import ENGINE_RULES, WeightSync, engine_meshes
+from reagent_jax.rollout.layout import ENGINE_RULES, WeightSync, engine_meshes, slots_per_process
 from reagent_jax.rollout.batches import decode_state, decode_window, needs_truncation, prefill_batch
 from reagent_jax.rollout.session import DECODE, DONE, PAUSED, PREFILL, Result, Session, turn_end
 
@@ -41,6 +41,8 @@ class Driver:
                  decode_fn: Optional[Callable[[list[int]], str]] = None, cache_dtype=None,
                  tensor_parallel: Optional[int] = None, raise_errors: bool = True):
         self.mesh, spanning = engine_meshes(mesh, cfg, tensor_parallel)  # this process's devices
+        self.total_slots = num_slots  # over every process of `mesh`; this engine holds its share
+        num_slots = slots_per_process(num_slots, mesh)
         self.cfg = cfg
         self.rules = ENGINE_RULES if rules is None else rules
         self.raise_errors = raise_errors

@@ -46,8 +46,9 @@ from reagent_jax.rollout.session import DECODE, DONE, PAUSED, PREFILL, WAITING, 
 class Engine(Driver):
     """See the module docstring. All knobs are keyword arguments:
 
-    num_slots: sequences decoded together (cache rows). max_len: cache length per slot (prompt +
-    all turns). prefill_chunk: most tokens of one sequence written per prefill call;
+    num_slots: sequences decoded together (cache rows), over the whole mesh: on several
+    processes each process's engine holds num_slots / processes of them (`engine.num_slots`; the
+    run's total is `engine.total_slots`). max_len: cache length per slot (prompt + all turns). prefill_chunk: most tokens of one sequence written per prefill call;
     max_prefill_rows: most sequences per prefill call. Compiled shapes come from three bucket
     lists (defaults in brackets): length_buckets, the chunk lengths [32, 128, 512, ... x4 up to
     prefill_chunk]; row_buckets, the prefill row counts [1, 2, 4, ... up to max_prefill_rows];

@@ -59,6 +59,17 @@ def engine_meshes(mesh: Optional[Mesh], cfg: Qwen3Config,
     return local, Mesh(groups.reshape(len(groups) * n // tensor, 1, tensor), MESH_AXES)
 
 
+def slots_per_process(num_slots: int, mesh: Optional[Mesh]) -> int:
+    """This process's engine slots: `num_slots` is the run's total over the mesh's processes
+    (each host's engine holds an equal share on its own chips), so a config means the same
+    rollout batch and the same KV cache per chip on one host or several."""
+    processes = 1 if mesh is None else len(process_groups(mesh.devices))
+    if num_slots % processes:
+        raise ValueError(f"num_slots={num_slots} must be a multiple of the mesh's {processes} processes "
+                         f"(each process's engine holds num_slots / {processes} slots)")
+    return num_slots // processes
+
+
 def engine_mesh(mesh: Optional[Mesh], cfg: Qwen3Config, tensor: Optional[int] = None) -> Optional[Mesh]:
     """The engine's mesh on this process (see `engine_meshes`): the same devices in the same
     order on one process, so one jitted program takes trainer-sharded weights and returns

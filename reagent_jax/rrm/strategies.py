@@ -92,7 +92,7 @@ class ReagentU:
         self.judge, self.config = judge, config
 
     def collect(self, loop, records, n, seed, step: int = 0):
-        keep = len(records) * n <= getattr(loop.engine, "num_slots", 0)  # cache reuse when all fit
+        keep = loop.keeps_sessions(len(records) * n)  # cache reuse when all fit
         first = loop.run(records, n=n, seed=seed, keep_sessions=keep)
         js = judge_trajectories(self.judge, first)
         lam = _lam(self.config, step)  # the training step, not a counter here: a resumed run keeps its schedule
@@ -120,7 +120,7 @@ class ReagentU:
 def evaluate_refinement(loop, judge, records, *, greedy: bool = True, seed: int = 0,
                         refine_below: float = 1.0) -> dict:
     """Reagent-C at inference: attempt 1, judge critique, attempt 2 (cache reused) -> accuracies."""
-    keep = len(records) <= getattr(loop.engine, "num_slots", 0)
+    keep = loop.keeps_sessions(len(records))
     first = loop.run(records, greedy=greedy, seed=seed, keep_sessions=keep)
     js = judge_trajectories(judge, first)
     todo = [i for i, j in enumerate(js) if j.score < refine_below and first[i].finish_reason != "error"]
