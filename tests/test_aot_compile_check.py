@@ -148,9 +148,10 @@ def test_engine_programs_read_their_tensor_parallel_shard_and_copy_no_cache(tmp_
     """The engine runs on its own layout: bf16 weights split over the tensor axis and read where
     they lie (the weights each chip takes = total / tensor; no weight all-gather in decode, where
     the trainer's FSDP layout gathered every layer per step), and no cache-sized copy in decode
-    (a single all-layers scatter of the new K/V made XLA:TPU copy the cache twice per step)."""
+    (a single all-layers scatter of the new K/V made XLA:TPU copy the cache twice per step).
+    Decode attention is the ragged kernel, which reads each slot up to its own length."""
     _libtpu_or_skip()
-    proc, report, _ = _run("v5e:2x2", tmp_path, *ENGINE)
+    proc, report, hlo = _run("v5e:2x2", tmp_path, *ENGINE)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     progs = {p["name"]: p for p in report["programs"]}
     assert set(progs) == {"rollout/prefill", "rollout/decode"}
@@ -163,6 +164,11 @@ def test_engine_programs_read_their_tensor_parallel_shard_and_copy_no_cache(tmp_
     decode = progs["rollout/decode"]
     assert decode["large_copies"] == [], decode["large_copies"]
     assert decode["collective_bytes"]["all-gather"] < 0.01 * decode["weight_bytes"]
+    # the ragged Pallas kernel lowered for TPU (Mosaic) inside the layer scan, and slots of mixed
+    # lengths read their own blocks: within 1.3x of the weights + live KV
+    assert "decode attention ragged" in decode["notes"]
+    assert 'custom_call_target="tpu_custom_call"' in (hlo / "rollout__decode.hlo.txt").read_text()
+    assert decode["mixed_lengths"]["vs_min"] <= 1.3, decode["mixed_lengths"]
 
 
 def test_a_program_over_budget_fails_with_the_compilers_numbers(tmp_path):
@@ -203,6 +209,10 @@ ENTRY %main (a: f32[8,16]) -> f32[8,16] {
   %ar = bf16[4,4]{1,0} all-reduce(%a), to_apply=%add
   %w = (s32[], f32[8,16]) while(%t0), condition=%cond, body=%body
   %cp = (f32[8,16]{1,0}, f32[8,16]{1,0}, u32[], u32[]) collective-permute-start(%a), source_target_pairs={{0,1}}
+  %in = (f32[64,64]{1,0:T(8,128)S(1)}, f32[64,64]{1,0:T(8,128)}, u32[]{:S(2)}) copy-start(%big)
+  %vmem = f32[64,64]{1,0:T(8,128)S(1)} copy-done(%in)
+  %back = (f32[64,64]{1,0:T(8,128)}, f32[64,64]{1,0:T(8,128)S(1)}, u32[]{:S(2)}) copy-start(%vmem)
+  %out = f32[64,64]{1,0:T(8,128)} copy(%vmem)
   ROOT %big = f32[64,64]{1,0} copy(%a)
 }
 """
@@ -215,5 +225,6 @@ def test_hlo_statistics_count_loop_bodies_by_their_trip_counts():
     assert by_kind["all-reduce"] == 8 * 16 * 4  # the larger of operand / result
     assert by_kind["collective-permute"] == 8 * 16 * 4 + 8  # the output (+ the two u32 contexts)
     assert hlo_stats.link_bytes(by_kind) == sum(by_kind.values()) + by_kind["all-reduce"]
+    # staging into VMEM (S(1)) and back is not a second copy in HBM: only `big` counts
     assert hlo_stats.large_copies(HLO, 10_000) == [("big", 64 * 64 * 4, 1)]
     assert hlo_stats.shape_bytes("(bf16[2,3]{1,0}, s32[])") == 2 * 3 * 2 + 4

@@ -3,6 +3,8 @@ strategy, the shapes the pipeline would use, and what stays resident; compiled h
 simulated CPU devices (the `local` topology of the compile check)."""
 import os
 
+import pytest
+
 from tests.multidevice import run_with_devices
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,3 +72,21 @@ def test_per_chip_bytes_and_the_model_of_an_hf_checkpoint(tmp_path):
                                    remat_policy="full"), tokenizer=dict(kind="qwen3", vocab_size=0)))
     cfg = programs.model_config(c)
     assert (cfg.vocab_size, cfg.num_layers, cfg.compute_dtype, cfg.remat_policy) == (1000, 3, "bfloat16", "full")
+
+
+def test_mixed_length_decode_bytes_follow_the_attention_kernel():
+    """Qwen3-8B, 64 slots of 1k-16k tokens on 8 chips (data 2 x tensor 4): XLA attention reads
+    every slot's whole window (over 1.5x the live minimum); the ragged kernel reads each slot's own
+    blocks (within 1.3x)."""
+    import types
+    from reagent_jax import models
+    from reagent_jax.aot.programs import mixed_length_step_bytes
+    cfg = models.preset("qwen3-8b", compute_dtype="bfloat16")
+    emesh = types.SimpleNamespace(shape={"data": 2, "fsdp": 1, "tensor": 4})
+    weights = cfg.num_params() * 2 / 4
+    xla = mixed_length_step_bytes(cfg, emesh, 64, 16384, weights, "xla")
+    ragged = mixed_length_step_bytes(cfg, emesh, 64, 16384, weights, "ragged")
+    assert xla["lengths"] == ragged["lengths"] == "1024-16383" and xla["min_bytes"] == ragged["min_bytes"]
+    per_position = 2 * cfg.num_layers * (cfg.num_kv_heads // 4) * cfg.head_dim * 2  # k and v, bf16, per chip
+    assert xla["read_bytes"] == pytest.approx(weights + 32 * 16384 * per_position)  # 32 slots per data shard
+    assert xla["vs_min"] > 1.5 and ragged["vs_min"] <= 1.3

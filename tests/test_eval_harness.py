@@ -6,6 +6,7 @@ the policy itself as Agent-RRM and grader through the engine.
 Every engine here has one shape (8 slots, max_len 2048, one prefill bucket) so the kernels
 compile once for the file."""
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -87,7 +88,7 @@ def test_tool_sets_by_benchmark():
         tools_for("x", None, {"x": ("search", "telepathy")})
 
 
-def test_evaluate_end_to_end_then_resume(workdir, tmp_path):
+def test_evaluate_end_to_end_then_resume(workdir, tmp_path, caplog):
     out = tmp_path / "eval"
     judge = lambda server: {"scoring.method": "llm", "scoring.judge.base_url": server.base_url,
                             "scoring.judge.model": "grader"}
@@ -131,24 +132,22 @@ def test_evaluate_end_to_end_then_resume(workdir, tmp_path):
     assert table.splitlines()[2] in proc.stdout and "3 already scored, 0 to run" in proc.stderr
 
     # A changed setting (the sampling temperature) re-scores, naming what changed; the same
-    # settings again skip everything.
-    with FakeOpenAIServer(reply=grader) as server:
-        flags2 = [f for f in flags if not f.startswith("--config.agent.temperature")] + ["--config.agent.temperature=0.5"]
-        proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "evaluate.py"), f"--outdir={out}", *flags2],
-                              capture_output=True, text=True, timeout=300, env={**os.environ, "REAGENT_NO_PROGRESS": "1"})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "0 already scored, 3 to run" in proc.stderr, proc.stderr[-3000:]
-        assert "scored with other settings (agent.temperature: 1.0 -> 0.5)" in proc.stderr
+    # settings again skip everything (in process: the CLI path is the one above).
+    with FakeOpenAIServer(reply=grader) as server, caplog.at_level(logging.INFO):
+        from_config.run(config(workdir, **{"agent.temperature": 0.5}, **judge(server)), str(out))
+        assert "0 already scored, 3 to run" in caplog.text
+        assert "scored with other settings (agent.temperature: 1.0 -> 0.5)" in caplog.text
     assert len(lines(out / "results.jsonl")) == 12  # every question scored again, appended
-    with FakeOpenAIServer(reply=grader) as server:
-        proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "evaluate.py"), f"--outdir={out}", *flags2],
-                              capture_output=True, text=True, timeout=300, env={**os.environ, "REAGENT_NO_PROGRESS": "1"})
-        assert server.count == 0 and "3 already scored, 0 to run" in proc.stderr
+    caplog.clear()
+    with FakeOpenAIServer(reply=grader) as server, caplog.at_level(logging.INFO):
+        from_config.run(config(workdir, **{"agent.temperature": 0.5}, **judge(server)), str(out))
+        assert server.count == 0 and "3 already scored, 0 to run" in caplog.text
     recs = lines(out / "results.jsonl")[-6:]  # the re-scored lines (a later line replaces an earlier one)
 
     # Failed samples (here: prompts longer than a 40-token engine) are loud: counted, named, exit 1;
     # --config.max_failed_samples=-1 accepts them.
     with FakeOpenAIServer(reply=grader) as server:
+        flags2 = [f for f in flags if not f.startswith("--config.agent.temperature")] + ["--config.agent.temperature=0.5"]
         bad = [f for f in flags2 if not f.startswith("--config.rollout.max_len")] + ["--config.rollout.max_len=40",
                                                                                     "--config.limit=1"]
         cmd = [sys.executable, os.path.join(ROOT, "launch", "evaluate.py"), f"--outdir={tmp_path / 'failing'}"]

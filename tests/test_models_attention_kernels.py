@@ -8,7 +8,7 @@ import pytest
 
 from reagent_jax import models
 from reagent_jax.models import attention_kernels
-from reagent_jax.models.qwen3 import attention_mask, causal_attention
+from reagent_jax.models.attention import attention_mask, causal_attention
 
 
 def qkv(b=2, t=256, nk=2, g=3, d=64, seed=0, dtype=jnp.float32):
@@ -104,3 +104,95 @@ def test_splash_sharded_over_rows_and_kv_heads_equals_one_device():
         print(json.dumps({"err": float(jnp.max(jnp.abs(sharded - one))), "spec": str(sharded.sharding.spec)}))
     """, n=4)
     assert out["err"] < 1e-6 and "data" in out["spec"] and "tensor" in out["spec"]
+
+
+# ---- ragged decode ----------------------------------------------------------------------------
+
+LAYER = 1  # of 3: the kernel reads the layer it is given out of the whole cache
+
+
+def decode_inputs(n=5, nk=2, g=2, s=384, d=16, dtype=jnp.float32, seed=3):
+    """One decode step's q [n,1,k,g,d], a 3-layer cache [3,n,s,k,d] in the TPU order, the
+    tokens' own k, v [n,1,k,d], and mixed write indices: empty, one block, partial blocks,
+    full, idle."""
+    rng = np.random.default_rng(seed)
+    arr = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)
+    write = jnp.asarray([0, 128, 200, s - 1, s][:n], jnp.int32)  # s: an idle slot (reads no cache)
+    return arr(n, 1, nk, g, d), arr(3, n, s, nk, d), arr(3, n, s, nk, d), arr(n, 1, nk, d), arr(n, 1, nk, d), write
+
+
+def ragged(qg, ck, cv, k, v, write, scale, *mesh):
+    return attention_kernels.ragged_decode(qg, ck, cv, jnp.int32(LAYER), k, v, write, scale, *mesh)
+
+
+def ragged_reference(qg, ck, cv, k, v, write, scale):
+    """NumPy: each slot's softmax over its cached positions < write (of layer LAYER) plus its
+    own token."""
+    qg, ck, cv, k, v = (np.asarray(x, np.float64) for x in (qg, ck, cv, k, v))
+    ck, cv = ck[LAYER], cv[LAYER]
+    n, _, nk, g, d = qg.shape
+    out = np.zeros((n, 1, nk, g, d))
+    for i in range(n):
+        live = int(write[i]) if write[i] < ck.shape[1] else 0  # ck [n, s, k, d]
+        for h in range(nk):
+            keys = np.concatenate([ck[i, :live, h], k[i, :, h]])  # [live + 1, d]
+            vals = np.concatenate([cv[i, :live, h], v[i, :, h]])
+            s = qg[i, 0, h] @ keys.T * scale  # [g, live + 1]
+            p = np.exp(s - s.max(-1, keepdims=True))
+            out[i, 0, h] = (p / p.sum(-1, keepdims=True)) @ vals
+    return out
+
+
+def test_ragged_decode_equals_the_reference_for_mixed_lengths_fp32():
+    """Three 128-position blocks: slots stop after 0, 1, 2 and 3 blocks; an idle slot sees only
+    its own token; GQA (2 query heads per KV head)."""
+    args = decode_inputs()
+    assert attention_kernels.decode_block(384, 2, 16, 4) == 128
+    assert attention_kernels.decode_block(2048, 1, 128, 2) == 256  # at least 8 blocks: a slot over-reads < 1/8
+    assert attention_kernels.decode_block(16384, 2, 128, 2) == 1024  # the 512 KiB VMEM block bound
+    out = ragged(*args, 0.25)
+    np.testing.assert_allclose(np.asarray(out), ragged_reference(*args, 0.25), atol=1e-5)
+
+
+def test_ragged_decode_in_bf16_and_as_the_models_decode_attention():
+    """bf16 within 2e-3 of exact attention; and the model's cached attention (the XLA einsums
+    over the same cache) gives the same outputs as the kernel."""
+    from reagent_jax.models import attention
+    args32 = decode_inputs()
+    args16 = tuple(x.astype(jnp.bfloat16) if x.dtype == jnp.float32 else x for x in args32)
+    ref = ragged_reference(*args16, 0.25)
+    out16 = np.asarray(ragged(*args16, 0.25), np.float32)
+    assert np.abs(out16 - ref).max() < 2e-3 * np.abs(ref).max() + 2e-2
+    qg, ck, cv, k, v, write = args32
+    cfg = models.preset("tiny", compute_dtype="float32", attention="xla")
+    mask = jnp.ones((qg.shape[0], 1, 1), bool)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(attention.kv_layout, "order", lambda mesh: "lnskd")
+        xla = attention.cached_attention(cfg, qg, k, v, mask, attention.LayerCache(ck, cv, jnp.int32(LAYER)), write, None,
+                                         0.25)
+    np.testing.assert_allclose(np.asarray(xla)[:-1], ragged_reference(*args32, 0.25)[:-1], atol=1e-5)  # not idle
+    assert attention_kernels.choose_decode("auto", None) == "xla"  # a CPU device: never the TPU kernel
+    with pytest.raises(ValueError, match="choose one of"):
+        attention_kernels.choose_decode("flash", None)
+
+
+def test_ragged_decode_sharded_over_slots_and_kv_heads_equals_one_device():
+    from tests.multidevice import run_with_devices
+    out = run_with_devices("""
+        import json
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        from reagent_jax.models import attention_kernels
+        from reagent_jax.rollout.layout import ENGINE_RULES
+        from tests.test_models_attention_kernels import decode_inputs, ragged
+        qg, ck, cv, k, v, write = decode_inputs(n=4)
+        mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), ("data", "fsdp", "tensor"))
+        put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))
+        rows, cache = P("data", None, "tensor"), P(None, "data", None, "tensor")
+        args = (put(qg, rows), put(ck, cache), put(cv, cache), put(k, rows), put(v, rows), put(write, P("data")))
+        f = jax.jit(lambda *a: ragged(*a, 0.25, mesh, ENGINE_RULES))
+        sharded = f(*args)
+        one = ragged(qg, ck, cv, k, v, write, 0.25)
+        print(json.dumps({"err": float(jnp.max(jnp.abs(sharded - one)))}))
+    """, n=4)
+    assert out["err"] < 1e-6

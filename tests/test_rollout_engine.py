@@ -398,15 +398,23 @@ def test_bf16_engine_runs_on_cpu(model):
         assert abs(a.logprobs[0] - b.logprobs[0]) < 0.5 and np.isfinite(a.logprobs).all()  # bf16 logits: ~0.2 off
 
 
-def test_accelerator_cache_order_gives_the_same_tokens(model, monkeypatch):
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_accelerator_cache_orders_give_the_same_tokens(model, monkeypatch, platform):
     """The accelerator KV-cache order [L, N, S, K, D] (`models.kv_layout`), run here on CPU by
-    forcing it: prefill, fused decode and a multi-turn append give the greedy tokens of
+    forcing it: with XLA attention (GPU) and with TPU's ragged decode kernel (Pallas interpret
+    mode). Prefill, fused decode and a multi-turn append give the greedy tokens of
     models.forward, as the CPU order does."""
-    from reagent_jax.models import kv_layout
-    monkeypatch.setattr(kv_layout, "heads_major", lambda mesh: False)
+    from reagent_jax.models import attention_kernels, kv_layout
+    monkeypatch.setattr(kv_layout, "order", lambda mesh: kv_layout.ORDERS[platform])
+    if platform == "tpu":
+        monkeypatch.setattr(attention_kernels, "choose_decode", lambda impl, mesh: "ragged")
+    jax.clear_caches()  # the same shapes as the other case: trace again with this kernel choice
     cfg, params = model
     eng = rollout.Engine(cfg, params, **KW)
-    assert eng._cache[0].shape == (cfg.num_layers, KW["num_slots"], KW["max_len"], cfg.num_kv_heads, cfg.head_dim)
+    sizes = {"l": cfg.num_layers, "n": KW["num_slots"], "s": KW["max_len"], "k": cfg.num_kv_heads, "d": cfg.head_dim}
+    assert eng._cache[0].shape == tuple(sizes[a] for a in kv_layout.ORDERS[platform])
+    # the ragged kernel reads each slot up to its own length: decode runs over the whole cache
+    assert eng.decode_windows == ((KW["max_len"],) if platform == "tpu" else eng.window_buckets)
     prompts = prompts_of((5, 40, 9), seed=23)
     outs = eng.generate(prompts, GREEDY.replace(max_new_tokens=12))
     assert [o.tokens for o in outs] == greedy_reference(cfg, params, prompts, 12)

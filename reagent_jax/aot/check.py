@@ -50,6 +50,7 @@ class ProgramReport:
     resident: dict = dataclasses.field(default_factory=dict)
     large_copies: list = dataclasses.field(default_factory=list)  # (op, bytes, executions) of copies >= Program.large_copy_bytes
     weight_bytes: float = 0.0  # per device: weights taken as arguments (engine programs; 0 = not reported)
+    mixed_lengths: dict = dataclasses.field(default_factory=dict)  # decode: HBM bytes per step, mixed slot lengths
 
 
 def _budget(devices, hbm_gib: Optional[float]) -> float:
@@ -66,7 +67,7 @@ def compile_program(p: Program, devices, budget: float, hlo_dir: Optional[str] =
     resident = float(sum(p.resident.values()))
     rep = ProgramReport(p.name, p.notes, fits=False, compiled=False, resident_bytes=resident, budget_bytes=budget,
                         model_flops=p.model_flops, min_link_bytes=p.min_link_bytes, resident=dict(p.resident),
-                        weight_bytes=p.weight_bytes)
+                        weight_bytes=p.weight_bytes, mixed_lengths=dict(p.mixed_lengths))
     if spec and spec.peak_tflops:
         n = len(devices)
         rep.roofline_s = max(p.model_flops / n / (spec.peak_tflops * 1e12), p.min_hbm_bytes / (spec.hbm_gbps * 1e9))
@@ -152,5 +153,9 @@ def format_table(report: dict) -> str:
         kinds = " / ".join(f"{p['collective_bytes'].get(k, 0) / 1e9:.2f}" for k in hlo_stats.KINDS)
         lines.append(f"| {p['name']} | {fits} | {mem} | {p['budget_bytes'] / GIB:.1f} | {p['roofline_s'] * 1e3:.1f} | "
                      f"{p['link_bytes'] / 1e9:.2f}{vs} | {kinds} | {p['compile_s']:.1f} |")
+    mixed = [f"- {p['name']}: slots of {p['mixed_lengths']['lengths']} tokens read "
+             f"{p['mixed_lengths']['read_bytes'] / 1e9:.2f} GB per step on the busiest chip, "
+             f"{p['mixed_lengths']['vs_min']:.2f}x the minimum ({p['mixed_lengths']['min_bytes'] / 1e9:.2f} GB: "
+             "weights + live KV)" for p in report["programs"] if p.get("mixed_lengths")]
     errors = [f"- {p['name']}: {p['error']}" for p in report["programs"] if p["error"]]
-    return "\n".join(lines + ([""] + errors if errors else []))
+    return "\n".join(lines + ([""] + mixed if mixed else []) + ([""] + errors if errors else []))

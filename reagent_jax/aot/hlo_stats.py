@@ -28,7 +28,7 @@ _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*")
 _CALLS = re.compile(r"\b(?:calls|to_apply|body|branch_computations)=\{?%([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _CONST = re.compile(r"constant\((\d+)\)")
-_ON_CHIP = re.compile(r"^\(?[\w]+\[[\d,]*\]\{[^}]*S\(1\)\}")  # the (first) result's layout puts it in VMEM
+_ON_CHIP = re.compile(r"\{[^}]*S\(1\)\}")  # a layout that puts an array in VMEM
 
 
 def shape_bytes(type_text: str) -> float:
@@ -166,13 +166,17 @@ def link_bytes(by_kind: dict[str, float]) -> float:
 
 def large_copies(hlo, min_bytes: float) -> list[tuple[str, float, int]]:
     """(name, bytes, executions) of `copy` ops whose result is at least `min_bytes` (a copy of a
-    KV cache or a weight stack shows up here). Copies into on-chip memory (TPU layouts marked
-    `S(1)`, VMEM) are left out: that is the compiler staging an array that fits there, not a
-    second copy in HBM."""
+    KV cache or a weight stack shows up here). Copies into or out of on-chip memory (TPU layouts
+    marked `S(1)`, VMEM: a `copy-start` type is (destination, source, context)) are left out:
+    that is the compiler staging an array that fits there and writing it back, not a second copy
+    in HBM; an array of a real model's size never fits."""
     comps, entry = parse(hlo)
     out = []
-    for ins, mult, _ in _walk(comps, entry, into_fusions=False):
-        if ins.op in ("copy", "copy-start") and not _ON_CHIP.match(ins.type):
+    for ins, mult, types in _walk(comps, entry, into_fusions=False):
+        if ins.op not in ("copy", "copy-start"):
+            continue
+        source = " ".join(types.get(n, "") for n in _operand_names(ins.args))
+        if not _ON_CHIP.search(ins.type) and not _ON_CHIP.search(source):
             size = shape_bytes(ins.type) / (2 if ins.op == "copy-start" else 1)
             if size >= min_bytes:
                 out.append((ins.name, size, mult))

@@ -48,6 +48,7 @@ class Program:
     notes: str = ""
     weight_bytes: float = 0.0  # per chip: the weights the program takes as arguments (engine programs)
     large_copy_bytes: float = 64 * 1024 ** 2  # a copy at least this big is reported (engine: one cache tensor)
+    mixed_lengths: dict = dataclasses.field(default_factory=dict)  # decode: bytes per step, mixed lengths
 
 
 def _abstract(shapes, shardings):
@@ -63,6 +64,22 @@ def per_chip_bytes(tree) -> float:
     return total
 
 
+def _engine_mesh(mesh: Mesh, cfg) -> Mesh:
+    """This host's engine mesh, compiled over device ids 0..n-1 of the topology when its own ids
+    are not those: XLA's TPU compiler refuses a program over a scattered subset of a topology's
+    ids (a v5e:4x4 host holds chips 0, 1, 4, 5: "Unexpected device_id 5 ... target has 4
+    device_id"); a host compiling for its own chips at run time has no such limit. Same chip
+    count, shapes and bytes; the links between those chips may differ from the host's."""
+    emesh = engine_mesh(mesh, cfg)
+    n = emesh.devices.size
+    if sorted(d.id for d in emesh.devices.flat) == list(range(n)):
+        return emesh
+    by_id = {d.id: d for d in mesh.devices.flat}
+    if any(i not in by_id for i in range(n)):
+        return emesh
+    return Mesh(np.array([by_id[i] for i in range(n)]).reshape(emesh.devices.shape), emesh.axis_names)
+
+
 def _params(cfg, mesh: Mesh):
     """The params as the trainer shards them."""
     return _abstract(param_shapes(cfg), param_shardings(cfg, mesh))
@@ -71,7 +88,7 @@ def _params(cfg, mesh: Mesh):
 def _engine_params(cfg, mesh: Mesh):
     """The engine's own copy: compute dtype, on the engine's (tensor-parallel) mesh."""
     shapes = param_shapes(cfg)
-    emesh = engine_mesh(mesh, cfg)
+    emesh = _engine_mesh(mesh, cfg)
     cast = lambda s: jax.ShapeDtypeStruct(s.shape, engine_dtype(cfg) if jnp.issubdtype(s.dtype, jnp.floating)
                                           else s.dtype)
     return _abstract(jax.tree.map(cast, shapes), engine_shardings(cfg, emesh, shapes))
@@ -86,7 +103,7 @@ def _train_state(cfg, mesh: Mesh, optimizer) -> ts.TrainState:
 def _cache(cfg, mesh: Mesh, num_slots: int, max_len: int):
     """This process's engine's (k, v) KV cache (its share of the run's `num_slots`), on the
     engine's mesh."""
-    emesh = engine_mesh(mesh, cfg)
+    emesh = _engine_mesh(mesh, cfg)
     shape = kernels.cache_shape(cfg, slots_per_process(num_slots, mesh), max_len, emesh)
     one = jax.ShapeDtypeStruct(shape, jnp.dtype(cfg.compute_dtype),
                                sharding=named_sharding(emesh, kv_layout.cache_axes(emesh), shape, ENGINE_RULES))
@@ -197,7 +214,7 @@ def _tp_link_bytes(cfg, emesh: Mesh, tokens_per_chip: float) -> float:
 
 def prefill_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, chunk: int,
                     resident: dict[str, float]) -> Program:
-    emesh = engine_mesh(mesh, cfg)
+    emesh = _engine_mesh(mesh, cfg)
     params, cache = _engine_params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len)
     rows = min(ENGINE_PREFILL_ROWS, slots_per_process(num_slots, mesh))
     r = lambda dtype, *shape: _replicated(emesh, shape, dtype)
@@ -220,7 +237,7 @@ def prefill_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, ch
 
 def decode_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, steps: int,
                    resident: dict[str, float]) -> Program:
-    emesh = engine_mesh(mesh, cfg)
+    emesh = _engine_mesh(mesh, cfg)
     params, cache = _engine_params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len)
     r = lambda dtype, *shape: _replicated(emesh, shape, dtype)
     n = slots_per_process(num_slots, mesh)
@@ -231,11 +248,36 @@ def decode_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, ste
     flops = steps * num_slots * (dense_flops_per_token(cfg) + attention_flops_per_token(cfg, max_len) + projection_flops(cfg))
     weights, kv = per_chip_bytes(params), per_chip_bytes(cache)
     link = steps * _tp_link_bytes(cfg, emesh, n / emesh.shape["data"])
+    kernel = attention_kernels.choose_decode(cfg.attention, emesh)
     return Program(name, fn, (params, cache, state), {}, flops, steps * (weights + kv), link, resident,
                    notes=f"{steps} fused steps x {n} slots{_of_total(n, num_slots)}, window {max_len} (every slot full "
-                         f"length); engine mesh "
-                         f"{_mesh_str(emesh)}", weight_bytes=weights,
-                   large_copy_bytes=min(64 * 1024 ** 2, per_chip_bytes(cache[0])))
+                         f"length); engine mesh {_mesh_str(emesh)}; decode attention {kernel}", weight_bytes=weights,
+                   large_copy_bytes=min(64 * 1024 ** 2, per_chip_bytes(cache[0])),
+                   mixed_lengths=mixed_length_step_bytes(cfg, emesh, n, max_len, weights, kernel))
+
+
+def mixed_length_step_bytes(cfg, emesh: Mesh, num_slots: int, max_len: int, weights: float, kernel: str,
+                            seed: int = 0) -> dict:
+    """HBM bytes one decode step reads on the busiest chip for a population of slots whose
+    lengths spread evenly over [max_len / 16, max_len) (shuffled over the slots), against the
+    minimum (a weight shard + the live KV of the chip holding the most). xla attention reads every slot up
+    to the window that holds the longest; the ragged kernel reads each slot's blocks up to its
+    own length."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.permutation(np.linspace(max_len // 16, max_len - 1, num_slots).astype(np.int64))
+    data, tensor = emesh.shape["data"], emesh.shape["tensor"]
+    per_position = 2 * cfg.num_layers * (cfg.num_kv_heads // tensor) * cfg.head_dim * jnp.dtype(cfg.compute_dtype).itemsize
+    if kernel == "ragged":
+        block = attention_kernels.decode_block(max_len, cfg.num_kv_heads // tensor, cfg.head_dim,
+                                               jnp.dtype(cfg.compute_dtype).itemsize)
+        read = np.maximum(-(-lengths // block), 1) * block
+    else:
+        read = np.full_like(lengths, kernels.bucket(int(lengths.max()) + 1, kernels.geometric_buckets(256, max_len, 4)))
+    shards = np.array_split(np.arange(num_slots), data)  # slots over data, in order (the cache's sharding)
+    read_bytes = weights + max(float(read[idx].sum()) for idx in shards) * per_position  # the slowest chip
+    min_bytes = weights + max(float(lengths[idx].sum()) for idx in shards) * per_position
+    return {"lengths": f"{int(lengths.min())}-{int(lengths.max())}", "read_bytes": read_bytes, "min_bytes": min_bytes,
+            "vs_min": read_bytes / min_bytes}
 
 
 def _of_total(local: int, total: int) -> str:

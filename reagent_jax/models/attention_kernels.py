@@ -1,7 +1,7 @@
 """Attention kernels for the cache-free causal path (training, scoring, reference logprobs),
 chosen by `Qwen3Config.attention`:
 
-  xla     `qwen3.causal_attention`: causal query blocks through XLA (every backend; the CPU path)
+  xla     `attention.causal_attention`: causal query blocks through XLA (every backend; the CPU path)
   splash  TPU splash attention (Pallas, `jax.experimental.pallas.ops.tpu.splash_attention`):
           flash-style, no [heads, T, T] scores in HBM, causal blocks skipped by the kernel.
           Off TPU it runs in Pallas interpret mode (slow; for correctness tests only)
@@ -11,15 +11,28 @@ Why a seam of its own: the model (`models/qwen3.py`) asks for "causal attention 
 q/k/v with these valid keys" and this module decides how, from the mesh's devices (never the
 host's backend), so a CPU host compiling for TPU traces the TPU kernel.
 
-The cached paths (prefill, decode) keep their XLA attention (`rollout/kernels.py`).
+One-token decode over the KV cache (`attention.cached_attention`), by `choose_decode`:
+
+  xla     every slot attends over the whole cache window (a static bucket set by the longest
+          live slot), masked past its length: bytes per step = slots x window
+  ragged  TPU (`auto` on a TPU mesh): a Pallas kernel over the cache [L, N, S, K, D]
+          (`kv_layout`) that walks each slot's positions in blocks and stops at that slot's
+          own length (the block index is clamped there, so no block past it is fetched):
+          bytes per step = the live KV. Off TPU it runs in interpret mode (tests only)
+
+Prefill keeps its XLA attention.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec as P
+
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from reagent_jax.models.config import ATTENTION_IMPLS
 from reagent_jax.parallel.mesh import mesh_platform
@@ -74,10 +87,132 @@ def splash_attention(qg: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.A
                                 v.transpose(0, 2, 1, 3), seg)  # [b, k, g, t, d]
         return out.transpose(0, 3, 1, 2, 4).astype(v.dtype)
 
-    if mesh is None or mesh.size == 1:
+    if mesh is None:  # on a mesh (one device too) shard_map tells the kernel which TPU it lowers for
         return local(qg, k, v, key_valid)
     q_spec = logical_to_spec(("batch", None, "act_kv_heads", None, None), qg.shape, mesh, rules)
     kv_spec = logical_to_spec(("batch", None, "act_kv_heads", None), k.shape, mesh, rules)
     row_spec = logical_to_spec(("batch", None), key_valid.shape, mesh, rules)
     return jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, row_spec), out_specs=q_spec,
                          check_vma=False)(qg, k, v, key_valid)
+
+
+# ---- ragged decode ------------------------------------------------------------------------------
+
+_DECODE_BLOCK_BYTES = 512 * 1024  # one K (or V) block of a slot's heads in VMEM, double-buffered x 2
+_NEG = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def choose_decode(impl: str, mesh: Optional[Mesh]) -> str:
+    """The one-token decode attention ("xla" or "ragged") on `mesh`: ragged on TPU unless the
+    config asks for xla."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention={impl!r}; choose one of {ATTENTION_IMPLS}")
+    return "ragged" if impl != "xla" and mesh_platform(mesh) == "tpu" else "xla"
+
+
+def decode_block(length: int, heads: int, head_dim: int, itemsize: int) -> int:
+    """Positions per kernel block: the largest power of two from 2048 down to 128 dividing the
+    cache length whose [heads, block, head_dim] block fits `_DECODE_BLOCK_BYTES` and that cuts
+    the length into at least 8 blocks (a slot reads up to one block past its length: at most
+    1/8 of the window); the whole length when it is short or no such block divides it."""
+    for block in (2048, 1024, 512, 256, 128):
+        small = block * 8 <= length and heads * block * head_dim * itemsize <= _DECODE_BLOCK_BYTES
+        if length % block == 0 and (block == 128 or small):
+            return block
+    return length
+
+
+def _ragged_decode_kernel(lengths_ref, layer_ref, q_ref, k_new_ref, v_new_ref, k_ref, v_ref, o_ref, m_sc, l_sc,
+                          acc_sc, *, block: int):
+    """Grid (slot i, block j). q [1, K, g, d] (scaled); k_new/v_new [1, K, 1, d] (the token's own
+    key and value); k/v [1, 1, block, K, d] (the layer's positions j * block ...); scratch m, l
+    [K, g, 128] (lane-replicated), acc [K, g, d] fp32: an online softmax over the slot's blocks."""
+    del layer_ref  # used by the index maps only
+    i, j = pl.program_id(0), pl.program_id(1)
+    heads, g = q_ref.shape[1], q_ref.shape[2]
+    length = lengths_ref[i]
+    f32 = jnp.float32
+
+    @pl.when(j == 0)
+    def _init():  # the token itself: weight exp(0) at its own score
+        for h in range(heads):
+            s_new = jnp.sum(q_ref[0, h].astype(f32) * k_new_ref[0, h].astype(f32), axis=-1, keepdims=True)  # [g, 1]
+            m_sc[h] = jnp.broadcast_to(s_new, (g, 128))
+            l_sc[h] = jnp.ones((g, 128), f32)
+            acc_sc[h] = jnp.broadcast_to(v_new_ref[0, h].astype(f32), (g, acc_sc.shape[-1]))
+
+    @pl.when(j * block < length)
+    def _step():
+        pos = j * block + jax.lax.broadcasted_iota(jnp.int32, (g, block), 1)
+        for h in range(heads):
+            s = jax.lax.dot_general(q_ref[0, h], k_ref[0, 0, :, h, :], (((1,), (1,)), ((), ())),
+                                    preferred_element_type=f32)  # [g, block]
+            s = jnp.where(pos < length, s, _NEG)
+            m_prev = m_sc[h][:, :1]
+            m_new = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))  # [g, 1]
+            alpha, p = jnp.exp(m_prev - m_new), jnp.exp(s - m_new)
+            l_sc[h] = jnp.broadcast_to(alpha * l_sc[h][:, :1] + p.sum(axis=-1, keepdims=True), (g, 128))
+            m_sc[h] = jnp.broadcast_to(m_new, (g, 128))
+            pv = jax.lax.dot_general(p.astype(v_ref.dtype), v_ref[0, 0, :, h, :], (((1,), (0,)), ((), ())),
+                                     preferred_element_type=f32)  # [g, d]
+            acc_sc[h] = alpha * acc_sc[h] + pv
+
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _finish():
+        for h in range(heads):
+            o_ref[0, h] = (acc_sc[h] / l_sc[h][:, :1]).astype(o_ref.dtype)
+
+
+def _ragged_decode_local(q, ck, cv, layer, k_new, v_new, lengths, interpret: bool):
+    """One device: q [N, K, g, d] (scaled); ck, cv [L, N, S, K, d] (every layer: the kernel
+    fetches layer `layer`'s blocks itself); k_new, v_new [N, K, 1, d]; lengths [N] (cached
+    positions each slot attends to) -> [N, K, g, d]."""
+    n, heads, g, d = q.shape
+    length = ck.shape[2]
+    block = decode_block(length, heads, d, ck.dtype.itemsize)
+
+    def cache_block(i, j, lengths, layer):  # past the slot's last live block: the same block again (no fetch)
+        last = jnp.maximum((lengths[i] + block - 1) // block - 1, 0)
+        return layer[0], i, jnp.minimum(j, last), 0, 0
+
+    row = lambda i, j, lengths, layer: (i, 0, 0, 0)
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2, grid=(n, length // block),
+        in_specs=[pl.BlockSpec((1, heads, g, d), row), pl.BlockSpec((1, heads, 1, d), row),
+                  pl.BlockSpec((1, heads, 1, d), row), pl.BlockSpec((1, 1, block, heads, d), cache_block),
+                  pl.BlockSpec((1, 1, block, heads, d), cache_block)],
+        out_specs=pl.BlockSpec((1, heads, g, d), row),
+        scratch_shapes=[pltpu.VMEM((heads, g, 128), jnp.float32), pltpu.VMEM((heads, g, 128), jnp.float32),
+                        pltpu.VMEM((heads, g, d), jnp.float32)])
+    return pl.pallas_call(
+        functools.partial(_ragged_decode_kernel, block=block), grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct(q.shape, v_new.dtype),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        interpret=interpret)(lengths, jnp.reshape(layer, (1,)).astype(jnp.int32), q, k_new, v_new, ck, cv)
+
+
+def ragged_decode(qg: jax.Array, ck: jax.Array, cv: jax.Array, layer: jax.Array, k: jax.Array, v: jax.Array,
+                  write_index: jax.Array, scale: float, mesh: Optional[Mesh] = None,
+                  rules: Rules = DEFAULT_RULES) -> jax.Array:
+    """One new token per slot: qg [N,1,K,g,d] attends over its slot's cached positions
+    < write_index[N] of layer `layer` of the caches ck, cv [L, N, S, K, d] (every layer: a
+    custom call given one layer's slice would receive a copy of it) and over its
+    own k, v [N,1,K,d] -> [N,1,K,g,d]. A write_index >= S (an idle slot) reads no cache.
+    Sharded as the engine's cache is: slots over `cache_batch`, KV heads over `kv_heads`."""
+    s = ck.shape[2]
+    lengths = jnp.where(write_index < s, write_index, 0).astype(jnp.int32)
+    q = (qg[:, 0] * scale).astype(qg.dtype)  # [N, K, g, d]
+    k_new, v_new = k[:, 0, :, None], v[:, 0, :, None]  # [N, K, 1, d]
+    local = functools.partial(_ragged_decode_local, interpret=mesh_platform(mesh) != "tpu")
+    layer = jnp.asarray(layer, jnp.int32)
+    if mesh is None:  # on a mesh (one device too) shard_map tells the kernel which TPU it lowers for
+        out = local(q, ck, cv, layer, k_new, v_new, lengths)
+    else:
+        row_spec = logical_to_spec(("cache_batch", "kv_heads", None, None), q.shape, mesh, rules)
+        cache_spec = logical_to_spec(("layers", "cache_batch", "cache_len", "kv_heads", "head_dim"), ck.shape, mesh,
+                                     rules)
+        len_spec = logical_to_spec(("cache_batch",), lengths.shape, mesh, rules)
+        out = jax.shard_map(local, mesh=mesh,
+                            in_specs=(row_spec, cache_spec, cache_spec, P(), row_spec, row_spec, len_spec),
+                            out_specs=row_spec, check_vma=False)(q, ck, cv, layer, k_new, v_new, lengths)
+    return out[:, None]

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from reagent_jax.models.config import Qwen3Config
-from reagent_jax.models.qwen3 import Qwen3, attention_mask
+from reagent_jax.models.attention import attention_mask
+from reagent_jax.models.qwen3 import Qwen3
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain, tree_shardings
 
 
@@ -88,7 +89,7 @@ def forward_with_cache(cfg: Qwen3Config, params, tokens: jax.Array, cache, write
                        rules: Rules = DEFAULT_RULES, return_hidden: bool = False):
     """Appends tokens [B, T] to a KV cache and returns (logits [B, T, V] fp32, cache).
 
-    cache = (k, v), each `kv_layout.cache_shape` ([L, N, K, S, D] on CPU; N cache rows >= B). Row b
+    cache = (k, v), each `kv_layout.cache_shape` (e.g. [L, N, K, S, D] on CPU; N cache rows >= B). Row b
     of `tokens` belongs to cache row slot_ids[b] (default b); its tokens land at write_index[b] + t and attend to every cached
     position <= their own (positions = cache indices). Writes past S are dropped: give padding
     rows write_index >= S. The cache is donated (updated in place). return_hidden gives the final

@@ -1,12 +1,16 @@
-"""The order of a KV cache's axes, per backend.
+"""The order of a KV cache's axes, per backend: a string over l (layers), n (slots), k (kv
+heads), s (positions), d (head dim), from which every reader of the cache derives its indexing.
 
-CPU: [L, N, K, S, D] (layers, slots, kv heads, positions, head dim): a slot's head is one
-contiguous [S, D] block, as the CPU kernels (`cpu_decode`) and the XLA:CPU attention read it.
+CPU `lnksd`: a slot's head is one contiguous [S, D] block, as the CPU kernels (`cpu_decode`)
+and the XLA:CPU attention read it.
 
-Accelerators: [L, N, S, K, D]: one token's [K, D] is a dense (8, 128) TPU tile, so a decode
-step writes whole tiles. In the CPU order XLA:TPU copied the whole cache into this order and
+GPU and TPU `lnskd`: one token's [K, D] is one dense tile, so a decode step's scatter of the
+new K/V writes whole tiles. In the CPU order XLA:TPU copied the whole cache into this order and
 back in every decode call whenever a chip holds more than one KV head (Qwen3-0.6B on one v5e
-chip: two 0.47 GB copies per call, launch/compile_check.py).
+chip: two 0.47 GB copies per call, launch/compile_check.py). TPU's ragged decode kernel
+(`attention_kernels.ragged_decode`) reads this order too: in the heads-major [L, K, N, S, D]
+order (the layout of JAX's paged attention kernels) XLA:TPU kept the cache in this order for
+the scatter and copied it for the kernel in every step (4 x 9.7 GB per call at 8B).
 """
 from __future__ import annotations
 
@@ -17,25 +21,40 @@ from jax.sharding import Mesh
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.parallel.mesh import mesh_platform
 
+ORDERS = {"cpu": "lnksd", "gpu": "lnskd", "tpu": "lnskd"}
+_LOGICAL = {"l": "layers", "n": "cache_batch", "k": "kv_heads", "s": "cache_len", "d": "head_dim"}
+
+
+def order(mesh: Optional[Mesh]) -> str:
+    """The cache's axis order on `mesh`'s devices (other platforms: the GPU order)."""
+    return ORDERS.get(mesh_platform(mesh), ORDERS["gpu"])
+
 
 def heads_major(mesh: Optional[Mesh]) -> bool:
-    """True for the CPU order [L, N, K, S, D], False for the accelerator order [L, N, S, K, D]."""
-    return mesh_platform(mesh) == "cpu"
+    """True for the CPU order (what the CPU kernels read)."""
+    return order(mesh) == ORDERS["cpu"]
+
+
+def layer_order(mesh: Optional[Mesh]) -> str:
+    """One layer's slice of the cache, e.g. "nksd"."""
+    return order(mesh)[1:]
 
 
 def cache_axes(mesh: Optional[Mesh]) -> tuple[str, ...]:
     """Logical axis names of the cache on `mesh`'s devices."""
-    if heads_major(mesh):
-        return ("layers", "cache_batch", "kv_heads", "cache_len", "head_dim")
-    return ("layers", "cache_batch", "cache_len", "kv_heads", "head_dim")
+    return tuple(_LOGICAL[a] for a in order(mesh))
 
 
 def cache_shape(cfg: Qwen3Config, num_slots: int, max_len: int, mesh: Optional[Mesh] = None) -> tuple[int, ...]:
-    if heads_major(mesh):
-        return (cfg.num_layers, num_slots, cfg.num_kv_heads, max_len, cfg.head_dim)
-    return (cfg.num_layers, num_slots, max_len, cfg.num_kv_heads, cfg.head_dim)
+    sizes = {"l": cfg.num_layers, "n": num_slots, "k": cfg.num_kv_heads, "s": max_len, "d": cfg.head_dim}
+    return tuple(sizes[a] for a in order(mesh))
 
 
 def positions_axis(mesh: Optional[Mesh]) -> int:
-    """The positions axis of the whole cache (3 or 2); one layer's slice has it one earlier."""
-    return 3 if heads_major(mesh) else 2
+    """The positions axis of the whole cache; one layer's slice has it one earlier."""
+    return order(mesh).index("s")
+
+
+def slots_axis(mesh: Optional[Mesh]) -> int:
+    """The slots axis of the whole cache; one layer's slice has it one earlier."""
+    return order(mesh).index("n")

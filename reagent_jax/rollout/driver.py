@@ -16,6 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 
+from reagent_jax.models import attention_kernels
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.parallel.rules import Rules
 from reagent_jax.rollout import kernels
@@ -56,6 +57,10 @@ class Driver:
                              f"{self.max_prefill_rows}")
         windows = window_buckets or kernels.geometric_buckets(256, max_len, 4)
         self.window_buckets = tuple(sorted({min(w, max_len) for w in windows} | {max_len}))
+        # A ragged decode kernel reads each slot up to its own length: decode over the whole cache
+        # (one program, no window copied out and back); prefill keeps the window buckets.
+        ragged = attention_kernels.choose_decode(cfg.attention, self.mesh) == "ragged"
+        self.decode_windows = (max_len,) if ragged else self.window_buckets
         self.decode_steps, self.max_stop_ids = decode_steps, max_stop_ids
         self.decode_fn = decode_fn
         self._sync = WeightSync(cfg, self.mesh, params, self.rules, spanning)
@@ -149,7 +154,7 @@ class Driver:
         with self._lock:
             try:
                 state = decode_state(slots, self.max_stop_ids, exit_on_done=bool(self._waiting))
-                window = decode_window(slots, self.decode_steps, self.window_buckets, self.max_len)
+                window = decode_window(slots, self.decode_steps, self.decode_windows, self.max_len)
             except Exception as e:
                 self._last_error = f"decode packing failed: {e!r}"
                 return self._fail(live)

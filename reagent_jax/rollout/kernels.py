@@ -1,13 +1,12 @@
 """Device kernels of the rollout engine: KV cache allocation, batched chunked prefill, and a
 multi-step decode loop with the sampler fused in.
 
-The cache is one preallocated pair (k, v), each [L, N, K, S, D] (layers, slots, kv heads,
-max_len, head dim: a slot's head is one contiguous [S, D] block, as attention reads it; [L, N,
-S, K, D] cost a transposed copy of the window per layer and decode step), sharded by the logical
-axes CACHE_AXES (with the engine's rules, `layout.ENGINE_RULES`: slots over data, heads over
-tensor) and DONATED to every kernel, so it is updated in place (on TPU too: no cache-sized copy
-in decode, checked by launch/compile_check.py; see `models.qwen3._write_layers`). Only small per-row arrays cross the host boundary: token ids, lengths and flags
-in; sampled ids and logprobs out.
+The cache is one preallocated pair (k, v), each in the backend's axis order (`models.kv_layout`:
+[L, N, K, S, D] on CPU, [L, N, S, K, D] on GPU and TPU), sharded by its logical
+axes (with the engine's rules, `layout.ENGINE_RULES`: slots over data, heads over tensor) and
+DONATED to every kernel, so it is updated in place (on TPU too: no cache-sized copy in decode,
+checked by launch/compile_check.py; see `models.qwen3._write_layers`). Only small per-row
+arrays cross the host boundary: token ids, lengths and flags in; sampled ids and logprobs out.
 
 On an AVX-512 CPU in fp32 (unsharded), a decode step is two custom calls: every layer in one
 (`models.cpu_decode`) and the output projection with the sampler's statistics in the other
@@ -15,7 +14,8 @@ On an AVX-512 CPU in fp32 (unsharded), a decode step is two custom calls: every 
 
 Attention windows: a kernel only reads the first `window` cache positions (a static bucket
 >= every position the call touches), so attention cost and prefill score memory follow the
-longest live sequence instead of max_len.
+longest live sequence instead of max_len. On TPU decode reads each slot only up to its own
+length (`attention_kernels.ragged_decode`), so the engine decodes over the whole cache.
 
 Shapes are bucketed by the engine (rows, chunk lengths and windows from short lists), so a run
 compiles a handful of kernels. All functions are pure and jitted with cfg / mesh / rules static.
@@ -61,7 +61,7 @@ def bucket(n: int, buckets: Sequence[int]) -> int:
 
 
 def cache_shape(cfg: Qwen3Config, num_slots: int, max_len: int, mesh: Optional[Mesh] = None) -> tuple[int, ...]:
-    """[L, N, K, S, D] on CPU, [L, N, S, K, D] on accelerators (`models.kv_layout`)."""
+    """The cache's shape in the mesh's backend order (`models.kv_layout`)."""
     return kv_layout.cache_shape(cfg, num_slots, max_len, mesh)
 
 
@@ -150,8 +150,11 @@ def prefill(cfg: Qwen3Config, params, cache, tokens: jax.Array, write_index: jax
     projected for the last position only: [B, V], never [B, T, V]. truncation=False: no row
     uses top-k / top-p (see `sampling.sample`).
     """
-    window_of = (slice(None), slot_ids) + (slice(None),) * (kv_layout.positions_axis(mesh) - 2) + (slice(0, window),)
-    rows = tuple(c.at[window_of].get(mode="fill", fill_value=0) for c in cache)  # [L, B, K, W, D] / [L, B, W, K, D]
+    window_of = [slice(None)] * 5
+    window_of[kv_layout.slots_axis(mesh)] = slot_ids
+    window_of[kv_layout.positions_axis(mesh)] = slice(0, window)
+    window_of = tuple(window_of)  # one advanced index: the rows keep the cache's order, B for N
+    rows = tuple(c.at[window_of].get(mode="fill", fill_value=0) for c in cache)  # e.g. [L, B, K, W, D]
     h, rows = forward_with_cache(cfg, params, tokens, rows, write_index, mesh=mesh, rules=rules,
                                  return_hidden=True)  # h [B, T, E]
     cache = tuple(c.at[window_of].set(r, mode="drop") for c, r in zip(cache, rows))
