@@ -400,14 +400,14 @@ def test_bf16_engine_runs_on_cpu(model):
 
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])
 def test_accelerator_cache_orders_give_the_same_tokens(model, monkeypatch, platform):
-    """The accelerator KV-cache order [L, N, S, K, D] (`models.kv_layout`), run here on CPU by
+    """The accelerator KV-cache order [L, N, S, K, D] (`kernels.kv_layout`), run here on CPU by
     forcing it: with XLA attention (GPU) and with TPU's ragged decode kernel (Pallas interpret
     mode). Prefill, fused decode and a multi-turn append give the greedy tokens of
     models.forward, as the CPU order does."""
-    from reagent_jax.models import attention_kernels, kv_layout
+    from reagent_jax.kernels import attention, kv_layout
     monkeypatch.setattr(kv_layout, "order", lambda mesh: kv_layout.ORDERS[platform])
     if platform == "tpu":
-        monkeypatch.setattr(attention_kernels, "choose_decode", lambda impl, mesh: "ragged")
+        monkeypatch.setattr(attention, "choose_decode", lambda impl, mesh: "ragged")
     jax.clear_caches()  # the same shapes as the other case: trace again with this kernel choice
     cfg, params = model
     eng = rollout.Engine(cfg, params, **KW)

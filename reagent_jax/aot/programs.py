@@ -20,7 +20,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from reagent_jax import checkpoint, models
-from reagent_jax.models import attention_kernels, kv_layout
+from reagent_jax.kernels import attention, kv_layout
+from reagent_jax.kernels.tpu import ragged_decode
 from reagent_jax.models.flops import (attention_flops_per_token, dense_flops_per_token, projection_flops,
                                       sequence_flops)
 from reagent_jax.models.functional import param_shapes, param_shardings, token_logprobs
@@ -185,7 +186,7 @@ def train_program(name: str, cfg, mesh: Mesh, objective, rows: int, length: int,
     hbm = micro_batches * passes * weights + 24.0 * cfg.num_params() / mesh.size  # weights + AdamW update
     return Program(name, step, (state, batch), {}, 3.0 * sequence_flops(cfg, seqs, length), hbm, link, resident,
                    notes=f"{seqs} sequences x {length} tokens in {micro_batches} micro-batches; remat "
-                         f"{cfg.remat_policy}; attention {attention_kernels.choose(cfg.attention, mesh, length)}")
+                         f"{cfg.remat_policy}; attention {attention.choose(cfg.attention, mesh, length)}")
 
 
 def logprob_program(name: str, cfg, mesh: Mesh, rows: int, length: int, resident: dict[str, float]) -> Program:
@@ -195,7 +196,7 @@ def logprob_program(name: str, cfg, mesh: Mesh, rows: int, length: int, resident
     link = 0.0 if ts.batch_shards(mesh) == 1 else _weight_bytes(cfg) + _logprob_gather_bytes(cfg, rows, length, 1)
     return Program(name, fn, (params, tokens, tokens), {}, sequence_flops(cfg, rows, length), _weight_bytes(cfg),
                    link, resident, notes=f"forward only, {rows} x {length} (one micro-batch); attention "
-                                         f"{attention_kernels.choose(cfg.attention, mesh, length)}")
+                                         f"{attention.choose(cfg.attention, mesh, length)}")
 
 
 def _sampling(mesh, n):
@@ -248,7 +249,7 @@ def decode_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, ste
     flops = steps * num_slots * (dense_flops_per_token(cfg) + attention_flops_per_token(cfg, max_len) + projection_flops(cfg))
     weights, kv = per_chip_bytes(params), per_chip_bytes(cache)
     link = steps * _tp_link_bytes(cfg, emesh, n / emesh.shape["data"])
-    kernel = attention_kernels.choose_decode(cfg.attention, emesh)
+    kernel = attention.choose_decode(cfg.attention, emesh)
     return Program(name, fn, (params, cache, state), {}, flops, steps * (weights + kv), link, resident,
                    notes=f"{steps} fused steps x {n} slots{_of_total(n, num_slots)}, window {max_len} (every slot full "
                          f"length); engine mesh {_mesh_str(emesh)}; decode attention {kernel}", weight_bytes=weights,
@@ -268,7 +269,7 @@ def mixed_length_step_bytes(cfg, emesh: Mesh, num_slots: int, max_len: int, weig
     data, tensor = emesh.shape["data"], emesh.shape["tensor"]
     per_position = 2 * cfg.num_layers * (cfg.num_kv_heads // tensor) * cfg.head_dim * jnp.dtype(cfg.compute_dtype).itemsize
     if kernel == "ragged":
-        block = attention_kernels.decode_block(max_len, cfg.num_kv_heads // tensor, cfg.head_dim,
+        block = ragged_decode.decode_block(max_len, cfg.num_kv_heads // tensor, cfg.head_dim,
                                                jnp.dtype(cfg.compute_dtype).itemsize)
         read = np.maximum(-(-lengths // block), 1) * block
     else:

@@ -13,9 +13,9 @@ from typing import Any, Optional
 import jax.numpy as jnp
 import numpy as np
 
-from reagent_jax.models.rope import normalize_scaling, parse_hf_rope, rope_frequencies
+from reagent_jax.kernels.attention import ATTENTION_IMPLS
+from reagent_jax.models.rope import normalize_scaling, parse_hf_rope, rope_frequencies, rope_tables
 
-ATTENTION_IMPLS = ("auto", "xla", "splash")  # models/attention_kernels.py
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 MODEL_TYPES = ("qwen3", "qwen2", "llama")
 
@@ -46,7 +46,7 @@ class Qwen3Config:
     compute_dtype: str = "bfloat16"
     scan_layers: bool = True
     remat_policy: str = "none"
-    # The cache-free causal attention kernel: "auto" | "xla" | "splash" (models/attention_kernels.py).
+    # The attention kernels: "auto" | "xla" | "splash" (kernels/attention.py).
     attention: str = "auto"
     # Where a MoE variant would plug in: `mlp_type` selects the feed-forward block.
     mlp_type: str = "dense"
@@ -99,6 +99,12 @@ class Qwen3Config:
     def rope_frequencies(self) -> tuple[Optional[np.ndarray], float]:
         """(inv_freq or None for plain RoPE, cos/sin factor) of this config's RoPE type."""
         return rope_frequencies(self.rope_scaling, self.rope_theta, self.head_dim)
+
+    def rope_tables(self, positions):
+        """cos, sin [..., head_dim/2] of this config's RoPE at positions [...] (what a fused
+        kernel applies itself, `kernels.cpu.decode`)."""
+        inv_freq, scale = self.rope_frequencies()
+        return rope_tables(positions, self.head_dim, self.rope_theta, inv_freq, scale)
 
     def replace(self, **kw) -> "Qwen3Config":
         return dataclasses.replace(self, **kw)

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from reagent_jax.kernels.xla_attention import attention_mask
 from reagent_jax.models.config import Qwen3Config
-from reagent_jax.models.attention import attention_mask
 from reagent_jax.models.qwen3 import Qwen3
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain, tree_shardings
 

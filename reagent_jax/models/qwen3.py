@@ -8,9 +8,10 @@ layout is the same), remat policies, logical axis names on every parameter (via
 `nn.with_logical_partitioning`) and activation (via `parallel.constrain`).
 
 One code path serves training and sampling: with `cache=(k, v)` (each [L, B, K, S, D] on CPU,
-[L, B, S, K, D] on accelerators: `kv_layout`) the new tokens' keys/values are scattered into the
-cache at `cache_index[b] + t` and attention runs over the cache, causally by absolute position
-(`models.attention`). Rows of a batch may hold different lengths.
+[L, B, S, K, D] on accelerators: `kernels.kv_layout`) the new tokens' keys/values are scattered
+into the cache at `cache_index[b] + t` and attention runs over the cache, causally by absolute
+position. Rows of a batch may hold different lengths. How each matmul, attention and projection
+runs on the mesh's devices is the kernel seam's choice (`reagent_jax.kernels`), not this module's.
 
 Einsum letters: b batch, t time, e embed, h q heads, k kv heads, d head dim, f mlp, v vocab.
 """
@@ -23,25 +24,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from reagent_jax.models import attention_kernels, cpu_gemm, kv_layout
-from reagent_jax.models.attention import LayerCache, cached_attention, causal_attention
-from reagent_jax.models.matmul import mm
+from reagent_jax.kernels import attention, kv_layout, logits, matmul
+from reagent_jax.kernels.attention import LayerCache
 from reagent_jax.models.config import Qwen3Config
-from reagent_jax.parallel.mesh import mesh_platform
+from reagent_jax.models.rope import rope
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain
-
-def _dense(eq: str, x: jax.Array, w: jax.Array, mesh: Optional[Mesh]) -> jax.Array:
-    """x . weight: through OpenBLAS for fp32 on an unsharded CPU run (`cpu_gemm`: XLA:CPU's fp32
-    GEMM is ~15% slower), `matmul.mm` elsewhere on CPU. On accelerators a plain einsum in the compute
-    dtype (the MXU / tensor cores accumulate in fp32 anyway): with an fp32 result the weight
-    gradient becomes an fp32 GEMM and its FSDP reduce-scatter moves fp32, twice the bytes
-    (measured on the Qwen3-8B train step for v5p)."""
-    if mesh_platform(mesh) != "cpu":
-        return jnp.einsum(eq, x, w)
-    n_contract = cpu_gemm.leading_contraction(eq)
-    if n_contract is not None and cpu_gemm.usable(x, w, mesh=mesh, n_contract=n_contract):
-        return cpu_gemm.contract(x, w, n_contract)
-    return mm(eq, x, w)
 
 
 def _init(axes, std=0.02):
@@ -79,32 +66,6 @@ class RMSNorm(nn.Module):
         return (y * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float, inv_freq=None, scale: float = 1.0) -> jax.Array:
-    """Rotary embedding, HF `rotate_half` layout. x [b, t, n, d], positions [b, t].
-
-    inv_freq [d/2] and scale (YaRN's factor on cos/sin) come from `Qwen3Config.rope_frequencies`
-    for scaled RoPE types; None means plain RoPE with base `theta`."""
-    d = x.shape[-1]
-    cos, sin = rope_tables(positions, d, theta, inv_freq, scale)  # [b, t, d/2]
-    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-    x32 = x.astype(jnp.float32)
-    x1, x2 = x32[..., : d // 2], x32[..., d // 2:]
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)
-
-
-def rope_tables(positions: jax.Array, d: int, theta: float, inv_freq=None, scale: float = 1.0
-                ) -> tuple[jax.Array, jax.Array]:
-    """cos, sin [..., d/2] of `rope` at positions [...] (YaRN's factor applied)."""
-    if inv_freq is None:
-        inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))  # [d/2]
-    ang = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
-    cos, sin = jnp.cos(ang), jnp.sin(ang)
-    if scale != 1.0:
-        cos, sin = cos * scale, sin * scale
-    return cos, sin
-
-
 class Attention(nn.Module):
     cfg: Qwen3Config
     mesh: Optional[Mesh] = None
@@ -127,9 +88,9 @@ class Attention(nn.Module):
         wv = _weight(self, "v", ("embed", "kv_heads", "head_dim"), (c.hidden_size, c.num_kv_heads, c.head_dim))
         wo = _weight(self, "o", ("q_heads", "head_dim", "embed"), (c.num_heads, c.head_dim, c.hidden_size))
         xd = x.astype(dt)
-        q = _dense("bte,ehd->bthd", xd, wq, self.mesh)
-        k = _dense("bte,ekd->btkd", xd, wk, self.mesh)
-        v = _dense("bte,ekd->btkd", xd, wv, self.mesh)
+        q = matmul.dense("bte,ehd->bthd", xd, wq, self.mesh)
+        k = matmul.dense("bte,ekd->btkd", xd, wk, self.mesh)
+        v = matmul.dense("bte,ekd->btkd", xd, wv, self.mesh)
         if c.qkv_bias:  # Qwen2 / Llama with attention_bias
             q = q + _bias(self, "q_bias", ("q_heads", "head_dim"), (c.num_heads, c.head_dim))
             k = k + _bias(self, "k_bias", ("kv_heads", "head_dim"), (c.num_kv_heads, c.head_dim))
@@ -146,16 +107,14 @@ class Attention(nn.Module):
         b, t = q.shape[:2]
         qg = q.reshape(b, t, c.num_kv_heads, c.num_groups, c.head_dim)
         scale = c.head_dim ** -0.5
-        if layer_cache is None and attention_kernels.choose(c.attention, self.mesh, t) == "splash":
-            key_valid = jnp.diagonal(mask, axis1=1, axis2=2)  # [b, t]: a causal mask's diagonal is its valid keys
-            out = attention_kernels.splash_attention(qg, k, v, key_valid, scale, self.mesh, self.rules)
-        elif layer_cache is None:
-            out = causal_attention(qg, k, v, mask, scale, self.mesh)
+        if layer_cache is None:
+            out = attention.causal_attention(c.attention, qg, k, v, mask, scale, self.mesh, self.rules)
         else:
-            out = cached_attention(c, qg, k, v, mask, layer_cache, write_index, slot_ids, scale, self.mesh, self.rules)
+            out = attention.cached_attention(c.attention, qg, k, v, mask, layer_cache, write_index, slot_ids, scale,
+                                             dt, self.mesh, self.rules)
         out = out.reshape(b, t, c.num_heads, c.head_dim)
         out = constrain(out, ("batch", "act_len", "act_heads", None), self.mesh, self.rules)
-        y = _dense("bthd,hde->bte", out, wo, self.mesh)
+        y = matmul.dense("bthd,hde->bte", out, wo, self.mesh)
         if c.o_bias:
             y = y + _bias(self, "o_bias", ("embed",), (c.hidden_size,))
         new_kv = None if layer_cache is None else (k, v)
@@ -175,10 +134,10 @@ class MLP(nn.Module):
         wu = _weight(self, "up", ("embed", "mlp"), (c.hidden_size, c.intermediate_size))
         wd = _weight(self, "down", ("mlp", "embed"), (c.intermediate_size, c.hidden_size))
         xd = x.astype(dt)
-        gate = _dense("bte,ef->btf", xd, wg, self.mesh)
-        h = jax.nn.silu(gate) * _dense("bte,ef->btf", xd, wu, self.mesh)  # [b, t, f]
+        gate = matmul.dense("bte,ef->btf", xd, wg, self.mesh)
+        h = jax.nn.silu(gate) * matmul.dense("bte,ef->btf", xd, wu, self.mesh)  # [b, t, f]
         h = constrain(h, ("batch", "act_len", "act_mlp"), self.mesh, self.rules)
-        return _dense("btf,fe->bte", h, wd, self.mesh)
+        return matmul.dense("btf,fe->bte", h, wd, self.mesh)
 
 
 class DecoderLayer(nn.Module):
@@ -201,24 +160,6 @@ class DecoderLayer(nn.Module):
         x = x + MLP(c, self.mesh, self.rules, name="mlp")(h).astype(x.dtype)
         x = constrain(x, ("batch", "act_len", "act_embed"), self.mesh, self.rules)
         return x, new_kv
-
-
-def _write_layers(cache: jax.Array, new: jax.Array, rows: jax.Array, t_idx: jax.Array,
-                  mesh: Optional[Mesh]) -> jax.Array:
-    """cache [l, n, k, S, d] (CPU) or [l, n, S, k, d] (`kv_layout.order`) with new [l, b, t, k, d]
-    written at rows [b] x t_idx [b, t].
-
-    On accelerators one scatter per layer: a single scatter of all layers ([b, t, l, k, d]
-    windows) made XLA:TPU keep the cache in a layers-minor layout for it and copy the whole
-    cache to the layer scan's layers-major layout and back in every decode step (two
-    cache-sized copies per step, measured with launch/compile_check.py). On CPU the single
-    scatter is ~15% faster for a bench-256 prefill, so it stays there."""
-    if kv_layout.order(mesh) == "lnksd":  # CPU
-        # cache[:, rows[b], :, t_idx[b, t]] is [b, t, l, k, d] (NumPy rules for split indices)
-        return cache.at[:, rows[:, None], :, t_idx].set(new.transpose(1, 2, 0, 3, 4).astype(cache.dtype), mode="drop")
-    for layer in range(cache.shape[0]):  # cache[layer, rows[b], t_idx[b, t]] is [b, t, k, d]
-        cache = cache.at[layer, rows[:, None], t_idx].set(new[layer].astype(cache.dtype), mode="drop")
-    return cache
 
 
 _REMAT = {
@@ -260,12 +201,11 @@ class Qwen3(nn.Module):
         if cache is not None:  # in-place scatters of the new K/V (the cache is donated)
             rows = jnp.arange(tokens.shape[0]) if slot_ids is None else slot_ids
             t_idx = write_index[:, None] + jnp.arange(tokens.shape[1])[None, :]  # [b, t]; OOB writes drop
-            cache = tuple(_write_layers(cc, nk, rows, t_idx, self.mesh) for cc, nk in zip(cache, new_kv))
+            cache = tuple(kv_layout.write_new(cc, nk, rows, t_idx, self.mesh) for cc, nk in zip(cache, new_kv))
         h = self.final_norm(x)
         if return_hidden:
             return h, cache
-        logits = constrain(self.project(h), ("batch", "act_len", "act_vocab"), self.mesh, self.rules)
-        return logits, cache
+        return constrain(self.project(h), ("batch", "act_len", "act_vocab"), self.mesh, self.rules), cache
 
     def embed(self, tokens):
         """Token ids [...] -> embeddings [..., e] in the compute dtype. On a mesh the lookup is
@@ -281,22 +221,11 @@ class Qwen3(nn.Module):
 
     def final_hidden(self, h):
         """The final norm alone: the hidden state the projection reads (for callers that run the
-        layers themselves, e.g. `cpu_decode`)."""
+        layers themselves, e.g. `kernels.fused.decode_layers`)."""
         return self.final_norm(h)
 
     def project(self, h):
-        """Hidden [.., e] -> fp32 logits [.., v] (also used by chunked logprobs and the sampler).
-
-        A tied embedding is contracted as stored, [v, e]: written as `embedding.T`, XLA:CPU
-        materialised the transposed (and, in bf16, converted) matrix in every call, which made
-        bf16 token logprobs 2x slower than fp32. fp32 on one CPU device: OpenBLAS (`cpu_gemm`)."""
+        """Hidden [.., e] -> fp32 logits [.., v] (also used by chunked logprobs and the sampler)."""
         c = self.cfg
-        dt = c.jnp_dtype
-        hd = h.astype(dt)
-        if c.tie_word_embeddings:
-            if cpu_gemm.usable(hd, self.embedding, mesh=self.mesh):
-                return cpu_gemm.contract_rows(hd, self.embedding)
-            return jnp.einsum("...e,ve->...v", hd, self.embedding.astype(dt), preferred_element_type=jnp.float32)
-        if cpu_gemm.usable(hd, self.lm_head, mesh=self.mesh):
-            return cpu_gemm.contract(hd, self.lm_head, 1)
-        return jnp.einsum("...e,ev->...v", hd, self.lm_head.astype(dt), preferred_element_type=jnp.float32)
+        w = self.embedding if c.tie_word_embeddings else self.lm_head
+        return logits.project(h.astype(c.jnp_dtype), w.astype(c.jnp_dtype), c.tie_word_embeddings, self.mesh)

@@ -1,4 +1,5 @@
-"""RoPE variants of HF `rope_parameters` / `rope_scaling`: parsing and inverse frequencies.
+"""RoPE: the variants of HF `rope_parameters` / `rope_scaling` (parsing and inverse
+frequencies) and the rotation itself (`rope_tables`, `rope`).
 
 Why host-side numpy: the scaled frequencies depend only on the (static, hashable) config, so they
 are computed once when a forward is traced and enter the graph as a constant. The formulas mirror
@@ -14,6 +15,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 SUPPORTED = ("default", "linear", "yarn", "llama3")
@@ -136,3 +139,29 @@ def _llama3(inv_freq: np.ndarray, s: Mapping[str, Any]) -> np.ndarray:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_tables(positions: jax.Array, d: int, theta: float, inv_freq=None, scale: float = 1.0
+                ) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [..., d/2] of `rope` at positions [...] (YaRN's factor applied)."""
+    if inv_freq is None:
+        inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))  # [d/2]
+    ang = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+    cos, sin = jnp.cos(ang), jnp.sin(ang)
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    return cos, sin
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float, inv_freq=None, scale: float = 1.0) -> jax.Array:
+    """Rotary embedding, HF `rotate_half` layout. x [b, t, n, d], positions [b, t].
+
+    inv_freq [d/2] and scale (YaRN's factor on cos/sin) come from `Qwen3Config.rope_frequencies`
+    for scaled RoPE types; None means plain RoPE with base `theta`."""
+    d = x.shape[-1]
+    cos, sin = rope_tables(positions, d, theta, inv_freq, scale)  # [b, t, d/2]
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    x1, x2 = x32[..., : d // 2], x32[..., d // 2:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)

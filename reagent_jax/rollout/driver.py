@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 
-from reagent_jax.models import attention_kernels
+from reagent_jax.kernels import attention
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.parallel.rules import Rules
 from reagent_jax.rollout import kernels
@@ -59,7 +59,7 @@ class Driver:
         self.window_buckets = tuple(sorted({min(w, max_len) for w in windows} | {max_len}))
         # A ragged decode kernel reads each slot up to its own length: decode over the whole cache
         # (one program, no window copied out and back); prefill keeps the window buckets.
-        ragged = attention_kernels.choose_decode(cfg.attention, self.mesh) == "ragged"
+        ragged = attention.choose_decode(cfg.attention, self.mesh) == "ragged"
         self.decode_windows = (max_len,) if ragged else self.window_buckets
         self.decode_steps, self.max_stop_ids = decode_steps, max_stop_ids
         self.decode_fn = decode_fn

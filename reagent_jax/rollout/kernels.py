@@ -1,21 +1,21 @@
 """Device kernels of the rollout engine: KV cache allocation, batched chunked prefill, and a
 multi-step decode loop with the sampler fused in.
 
-The cache is one preallocated pair (k, v), each in the backend's axis order (`models.kv_layout`:
+The cache is one preallocated pair (k, v), each in the backend's axis order (`kernels.kv_layout`:
 [L, N, K, S, D] on CPU, [L, N, S, K, D] on GPU and TPU), sharded by its logical
 axes (with the engine's rules, `layout.ENGINE_RULES`: slots over data, heads over tensor) and
 DONATED to every kernel, so it is updated in place (on TPU too: no cache-sized copy in decode,
-checked by launch/compile_check.py; see `models.qwen3._write_layers`). Only small per-row
+checked by launch/compile_check.py; see `kernels.kv_layout.write_new`). Only small per-row
 arrays cross the host boundary: token ids, lengths and flags in; sampled ids and logprobs out.
 
-On an AVX-512 CPU in fp32 (unsharded), a decode step is two custom calls: every layer in one
-(`models.cpu_decode`) and the output projection with the sampler's statistics in the other
-(`cpu_gemm.vocab_logits`); elsewhere the same step is the model's own layers and einsums.
+How each piece runs on the mesh's devices is the kernel seam's (`reagent_jax.kernels`): e.g. on
+an AVX-512 CPU in fp32 (unsharded) a decode step is two custom calls (every layer in one, the
+output projection with the sampler's statistics in the other); elsewhere the model's own layers.
 
 Attention windows: a kernel only reads the first `window` cache positions (a static bucket
 >= every position the call touches), so attention cost and prefill score memory follow the
 longest live sequence instead of max_len. On TPU decode reads each slot only up to its own
-length (`attention_kernels.ragged_decode`), so the engine decodes over the whole cache.
+length (`kernels.tpu.ragged_decode`), so the engine decodes over the whole cache.
 
 Shapes are bucketed by the engine (rows, chunk lengths and windows from short lists), so a run
 compiles a handful of kernels. All functions are pure and jitted with cfg / mesh / rules static.
@@ -23,22 +23,18 @@ compiles a handful of kernels. All functions are pure and jitted with cfg / mesh
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from reagent_jax.models import cpu_decode, cpu_gemm, kv_layout
+from reagent_jax.kernels import fused, kv_layout, logits as logits_kernels
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.functional import forward_with_cache
 from reagent_jax.models.qwen3 import Qwen3
-from reagent_jax.parallel.mesh import mesh_platform
-from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain, logical_to_spec
+from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain
 from reagent_jax.rollout.sampling import CHUNK, inverse_temperature, sample_vocab_major
-
-CACHE_AXES = ("layers", "cache_batch", "kv_heads", "cache_len", "head_dim")  # the CPU order; see models.kv_layout
 
 
 def geometric_buckets(lo: int, hi: int, factor: int = 2) -> tuple[int, ...]:
@@ -61,7 +57,7 @@ def bucket(n: int, buckets: Sequence[int]) -> int:
 
 
 def cache_shape(cfg: Qwen3Config, num_slots: int, max_len: int, mesh: Optional[Mesh] = None) -> tuple[int, ...]:
-    """The cache's shape in the mesh's backend order (`models.kv_layout`)."""
+    """The cache's shape in the mesh's backend order (`kernels.kv_layout`)."""
     return kv_layout.cache_shape(cfg, num_slots, max_len, mesh)
 
 
@@ -84,47 +80,17 @@ def sampling_logits(cfg: Qwen3Config, params, h: jax.Array, mesh: Optional[Mesh]
                     rules: Rules = DEFAULT_RULES, inv_temperature: Optional[jax.Array] = None
                     ) -> tuple[jax.Array, Optional[tuple[jax.Array, jax.Array]]]:
     """Final hidden states [B, E] -> (fp32 logits, vocabulary-major [V, B], for
-    `sample_vocab_major`; its `stats` or None).
-
-    The values are the model's (`Qwen3.project`, fp32 accumulation); only the loop differs on
-    XLA:CPU, where this product is memory-bound. fp32 with a tied embedding on an AVX-512 CPU:
-    `cpu_gemm.vocab_logits` streams the weight once (7.1-7.7 ms vs 11.4-11.8 at [16, 256] x
-    [256, 151936] on 2 cores, BENCHMARKS.md) and also returns the sampler's chunk statistics
-    for `inv_temperature` [B] (`sampling.inverse_temperature`; default 1), so the sampler never
-    reads the logits whole. Otherwise in fp32 a fused multiply-reduce that writes [V, B] reads
-    each weight row once for all B rows (11-13.5 ms vs 15-15.5 ms for the GEMM with a tied
-    embedding, which packs the weight panel first; no slower than the GEMM with an untied [E, V]
-    head), except for one row, where XLA:CPU's multiply-reduce takes ~0.5 s and its
-    matrix-vector product 5-9 ms. bf16 is faster as a GEMM; its [B, V] output is transposed behind
-    an optimization barrier, since XLA:CPU would otherwise fold the transpose into the GEMM and
-    transpose the whole weight every step (2x slower decode, measured untied)."""
+    `sample_vocab_major`; its chunk `stats` at `inv_temperature` [B] or None). The values are
+    the model's (`Qwen3.project`); how they are computed is `kernels.logits.vocab_major`'s."""
     project = lambda: Qwen3(cfg, mesh, rules).apply({"params": params}, h, method=Qwen3.project)  # [B, V]
-    if mesh_platform(mesh) != "cpu":  # vocabulary as the weight lies, slots over data: see `vocab_shards`
-        return constrain(project().T, ("logits_vocab", "logits_batch"), mesh, rules), None
-    if jnp.dtype(cfg.compute_dtype) == jnp.float32:
-        h32 = h.astype(jnp.float32)
-        w = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]
-        if cfg.tie_word_embeddings and cpu_gemm.vocab_logits_usable(w, h32, mesh):
-            inv_t = jnp.ones(h.shape[0], jnp.float32) if inv_temperature is None else inv_temperature
-            logits, cmax, csum = cpu_gemm.vocab_logits(w, h32, inv_t, CHUNK)
-            return logits, (cmax, csum)
-        w = w.astype(jnp.float32)
-        if h.shape[0] == 1:
-            return jnp.einsum("ve,be->vb" if cfg.tie_word_embeddings else "ev,be->vb", w, h32), None
-        if cfg.tie_word_embeddings:
-            return (w[:, None, :] * h32[None]).sum(-1), None  # [V,1,E]*[1,B,E] -> [V, B]
-        return (w[:, :, None] * h32.T[:, None, :]).sum(0), None  # [E,V,1]*[E,1,B]
-    return jax.lax.optimization_barrier(project()).T, None
+    w = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]
+    return logits_kernels.vocab_major(h, w, cfg.tie_word_embeddings, cfg.compute_dtype, project, mesh, rules,
+                                      inv_temperature, CHUNK)
 
 
 def vocab_shards(cfg: Qwen3Config, mesh: Optional[Mesh], rules: Rules) -> int:
-    """Devices the sampler's [V, B] logits are split over on an accelerator mesh (1 on CPU,
-    where the CPU kernels and the gather-based chunk reads are the fast path)."""
-    if mesh is None or mesh_platform(mesh) == "cpu":
-        return 1
-    axes = logical_to_spec(("logits_vocab", None), (cfg.vocab_size, 1), mesh, rules)[0]
-    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-    return int(math.prod(mesh.shape[a] for a in axes))
+    """Devices the sampler's [V, B] logits are split over (`kernels.logits.vocab_shards`)."""
+    return logits_kernels.vocab_shards(cfg.vocab_size, mesh, rules)
 
 
 class Sampling(NamedTuple):
@@ -168,11 +134,11 @@ def prefill(cfg: Qwen3Config, params, cache, tokens: jax.Array, write_index: jax
 
 
 def _decode_hidden(cfg: Qwen3Config, params, tokens: jax.Array, cache, write: jax.Array, mesh, rules):
-    """One token per cache row [N] -> (final hidden states [N, E], cache): every layer in one CPU
-    kernel where `cpu_decode.usable` (fp32, AVX-512, unsharded), else the model's own layers."""
-    if cpu_decode.usable(cfg, params, cache, tokens.shape[0], mesh):
-        x = jnp.take(params["embed"], tokens, axis=0)
-        h, cache = cpu_decode.decode_layers(cfg, params, x, write, cache)
+    """One token per cache row [N] -> (final hidden states [N, E], cache): every layer in one
+    fused kernel where the mesh's devices have one (`kernels.fused`), else the model's layers."""
+    out = fused.decode_layers(cfg, params, tokens, write, cache, mesh)
+    if out is not None:
+        h, cache = out
         return Qwen3(cfg, mesh, rules).apply({"params": params}, h, method=Qwen3.final_hidden), cache
     h, cache = forward_with_cache(cfg, params, tokens[:, None], cache, write, mesh=mesh, rules=rules, return_hidden=True)
     return h[:, 0], cache

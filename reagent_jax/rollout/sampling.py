@@ -263,7 +263,7 @@ def inverse_temperature(temperature: jax.Array) -> jax.Array:
 def chunk_stats(logits: jax.Array, inv_temperature: jax.Array, s: int = CHUNK) -> tuple[jax.Array, jax.Array]:
     """Per vocabulary chunk of s rows (CHUNK, or `vocab_chunk` for split logits) and per row of
     vocabulary-major logits [V, B]: the maximum M [C, B] and sum(exp((logits - M) * inv_temperature))
-    [C, B]. All the sampler needs of the whole vocabulary; `cpu_gemm.vocab_logits` computes the same while it projects."""
+    [C, B]. All the sampler needs of the whole vocabulary; `kernels.cpu.gemm.vocab_logits` computes the same while it projects."""
     l3 = _chunked(logits.astype(jnp.float32), -jnp.inf, s)  # [C, S, B]
     cmax = jnp.max(l3, axis=1)
     shift = jnp.where(jnp.isfinite(cmax), cmax, 0.0)  # a chunk of -inf logits sums to 0, not nan

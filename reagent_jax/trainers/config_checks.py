@@ -121,7 +121,8 @@ def _mesh(p: _Problems, num_devices: Optional[int]) -> None:
 
 def _model(p: _Problems, check_paths: bool) -> None:
     from reagent_jax.models import preset_names
-    from reagent_jax.models.config import ATTENTION_IMPLS, REMAT_POLICIES
+    from reagent_jax.kernels.attention import ATTENTION_IMPLS
+    from reagent_jax.models.config import REMAT_POLICIES
     if p.get("model.preset", ""):
         p.one_of("model.preset", preset_names())
     p.one_of("model.param_dtype", FLOAT_DTYPES)

@@ -1,6 +1,6 @@
 // ReagentDecodeLayers: every decoder layer of one decode step (one new token per row) in a single
-// XLA FFI call, for fp32 on an AVX-512 CPU. Built with cpu_gemm.cc by reagent_jax/models/cpu_gemm.py;
-// used by reagent_jax/models/cpu_decode.py.
+// XLA FFI call, for fp32 on an AVX-512 CPU. Built with gemm.cc by reagent_jax/kernels/cpu/gemm.py;
+// used by reagent_jax/kernels/cpu/decode.py.
 //
 // Why: under XLA:CPU a decode step of a small model is mostly overhead, not arithmetic. Each of
 // the ~35 ops per layer is a separate fork-join over the threads, the layer scan copies each
@@ -18,7 +18,7 @@
 // meaningless (the caller discards it).
 #include <cmath>
 
-#include "cpu_kernels.h"
+#include "kernels.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-"""The attention kernel seam (models/attention_kernels.py): TPU splash attention, run here in
+"""The attention kernel seam (kernels/attention.py): TPU splash attention, run here in
 Pallas interpret mode, equals the XLA causal attention (forward and gradient, padding, GQA, fp32
 and bf16), inside the model and sharded over a mesh; the choice follows the mesh's devices."""
 import jax
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from reagent_jax import models
-from reagent_jax.models import attention_kernels
-from reagent_jax.models.attention import attention_mask, causal_attention
+from reagent_jax.kernels import attention
+from reagent_jax.kernels.tpu import ragged_decode, splash as splash_kernel
+from reagent_jax.kernels.xla_attention import attention_mask, causal_attention
 
 
 def qkv(b=2, t=256, nk=2, g=3, d=64, seed=0, dtype=jnp.float32):
@@ -27,7 +28,7 @@ def xla_attention(qg, k, v, valid):
 
 
 def splash(qg, k, v, valid):
-    return attention_kernels.splash_attention(qg, k, v, valid, qg.shape[-1] ** -0.5)
+    return splash_kernel.splash_attention(qg, k, v, valid, qg.shape[-1] ** -0.5)
 
 
 def grads(fn, qg, k, v, valid):
@@ -67,10 +68,10 @@ def test_splash_in_bf16_is_as_close_to_fp32_attention_as_the_xla_path():
 
 
 def test_the_kernel_follows_the_mesh_devices_and_refuses_lengths_it_cannot_block():
-    assert attention_kernels.choose("auto", None, 256) == "xla"  # a CPU device: never the TPU kernel
-    assert attention_kernels.choose("splash", None, 256) == "splash"  # asked for: interpret mode off TPU
+    assert attention.choose("auto", None, 256) == "xla"  # a CPU device: never the TPU kernel
+    assert attention.choose("splash", None, 256) == "splash"  # asked for: interpret mode off TPU
     with pytest.raises(ValueError, match="multiple of 128, got 200"):
-        attention_kernels.choose("splash", None, 200)
+        attention.choose("splash", None, 200)
     with pytest.raises(ValueError, match="attention='flash'; choose one of"):
         models.preset("tiny", attention="flash")
 
@@ -91,16 +92,16 @@ def test_splash_sharded_over_rows_and_kv_heads_equals_one_device():
         import json
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-        from reagent_jax.models import attention_kernels
-        from tests.test_models_attention_kernels import qkv
+        from reagent_jax.kernels.tpu import ragged_decode, splash as splash_kernel
+        from tests.kernels.test_attention import qkv
         qg, k, v, valid = qkv(b=4, nk=2)
         mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), ("data", "fsdp", "tensor"))
         put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))
         args = (put(qg, P("data", None, "tensor")), put(k, P("data", None, "tensor")), put(v, P("data", None, "tensor")),
                 put(valid, P("data")))
-        f = jax.jit(lambda *a: attention_kernels.splash_attention(*a, 0.125, mesh))
+        f = jax.jit(lambda *a: splash_kernel.splash_attention(*a, 0.125, mesh))
         sharded = f(*args)
-        one = attention_kernels.splash_attention(qg, k, v, valid, 0.125)
+        one = splash_kernel.splash_attention(qg, k, v, valid, 0.125)
         print(json.dumps({"err": float(jnp.max(jnp.abs(sharded - one))), "spec": str(sharded.sharding.spec)}))
     """, n=4)
     assert out["err"] < 1e-6 and "data" in out["spec"] and "tensor" in out["spec"]
@@ -122,7 +123,7 @@ def decode_inputs(n=5, nk=2, g=2, s=384, d=16, dtype=jnp.float32, seed=3):
 
 
 def ragged(qg, ck, cv, k, v, write, scale, *mesh):
-    return attention_kernels.ragged_decode(qg, ck, cv, jnp.int32(LAYER), k, v, write, scale, *mesh)
+    return ragged_decode.ragged_decode(qg, ck, cv, jnp.int32(LAYER), k, v, write, scale, *mesh)
 
 
 def ragged_reference(qg, ck, cv, k, v, write, scale):
@@ -147,9 +148,9 @@ def test_ragged_decode_equals_the_reference_for_mixed_lengths_fp32():
     """Three 128-position blocks: slots stop after 0, 1, 2 and 3 blocks; an idle slot sees only
     its own token; GQA (2 query heads per KV head)."""
     args = decode_inputs()
-    assert attention_kernels.decode_block(384, 2, 16, 4) == 128
-    assert attention_kernels.decode_block(2048, 1, 128, 2) == 256  # at least 8 blocks: a slot over-reads < 1/8
-    assert attention_kernels.decode_block(16384, 2, 128, 2) == 1024  # the 512 KiB VMEM block bound
+    assert ragged_decode.decode_block(384, 2, 16, 4) == 128
+    assert ragged_decode.decode_block(2048, 1, 128, 2) == 256  # at least 8 blocks: a slot over-reads < 1/8
+    assert ragged_decode.decode_block(16384, 2, 128, 2) == 1024  # the 512 KiB VMEM block bound
     out = ragged(*args, 0.25)
     np.testing.assert_allclose(np.asarray(out), ragged_reference(*args, 0.25), atol=1e-5)
 
@@ -157,23 +158,22 @@ def test_ragged_decode_equals_the_reference_for_mixed_lengths_fp32():
 def test_ragged_decode_in_bf16_and_as_the_models_decode_attention():
     """bf16 within 2e-3 of exact attention; and the model's cached attention (the XLA einsums
     over the same cache) gives the same outputs as the kernel."""
-    from reagent_jax.models import attention
+    from reagent_jax.kernels import kv_layout
     args32 = decode_inputs()
     args16 = tuple(x.astype(jnp.bfloat16) if x.dtype == jnp.float32 else x for x in args32)
     ref = ragged_reference(*args16, 0.25)
     out16 = np.asarray(ragged(*args16, 0.25), np.float32)
     assert np.abs(out16 - ref).max() < 2e-3 * np.abs(ref).max() + 2e-2
     qg, ck, cv, k, v, write = args32
-    cfg = models.preset("tiny", compute_dtype="float32", attention="xla")
     mask = jnp.ones((qg.shape[0], 1, 1), bool)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(attention.kv_layout, "order", lambda mesh: "lnskd")
-        xla = attention.cached_attention(cfg, qg, k, v, mask, attention.LayerCache(ck, cv, jnp.int32(LAYER)), write, None,
-                                         0.25)
+        mp.setattr(kv_layout, "order", lambda mesh: "lnskd")
+        xla = attention.cached_attention("xla", qg, k, v, mask, attention.LayerCache(ck, cv, jnp.int32(LAYER)), write,
+                                         None, 0.25, jnp.float32)
     np.testing.assert_allclose(np.asarray(xla)[:-1], ragged_reference(*args32, 0.25)[:-1], atol=1e-5)  # not idle
-    assert attention_kernels.choose_decode("auto", None) == "xla"  # a CPU device: never the TPU kernel
+    assert attention.choose_decode("auto", None) == "xla"  # a CPU device: never the TPU kernel
     with pytest.raises(ValueError, match="choose one of"):
-        attention_kernels.choose_decode("flash", None)
+        attention.choose_decode("flash", None)
 
 
 def test_ragged_decode_sharded_over_slots_and_kv_heads_equals_one_device():
@@ -182,9 +182,9 @@ def test_ragged_decode_sharded_over_slots_and_kv_heads_equals_one_device():
         import json
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-        from reagent_jax.models import attention_kernels
+        from reagent_jax.kernels.tpu import ragged_decode, splash as splash_kernel
         from reagent_jax.rollout.layout import ENGINE_RULES
-        from tests.test_models_attention_kernels import decode_inputs, ragged
+        from tests.kernels.test_attention import decode_inputs, ragged
         qg, ck, cv, k, v, write = decode_inputs(n=4)
         mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), ("data", "fsdp", "tensor"))
         put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))

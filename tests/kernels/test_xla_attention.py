@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reagent_jax.models.attention import attention_mask, causal_attention, causal_blocks, decode_step_values
+from reagent_jax.kernels.xla_attention import attention_mask, causal_attention, causal_blocks, decode_step_values
 
 
 def numpy_attention(qg, k, v, mask, scale):

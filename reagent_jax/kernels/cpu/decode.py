@@ -1,4 +1,4 @@
-"""Every decoder layer of one decode step in one CPU kernel (`cpu_decode.cc`, fp32, AVX-512).
+"""Every decoder layer of one decode step in one CPU kernel (`decode.cc`, fp32, AVX-512).
 
 Why: under XLA:CPU a decode step of a small model is mostly overhead, not arithmetic. The layer
 scan copies each layer's weights out of the stacked params, the attention copies its cache
@@ -22,12 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from reagent_jax.models import cpu_gemm, kv_layout
-from reagent_jax.models.config import Qwen3Config
-from reagent_jax.models.qwen3 import rope_tables
+from reagent_jax.kernels import kv_layout
+from reagent_jax.kernels.cpu import gemm as cpu_gemm
 
 
-def usable(cfg: Qwen3Config, params, cache, rows: int, mesh: Optional[Mesh] = None) -> bool:
+def usable(cfg, params, cache, rows: int, mesh: Optional[Mesh] = None) -> bool:
     """True when `decode_layers` can run this step: CPU with AVX-512, fp32 params, compute and
     cache, no device mesh, one cache row per token row, and widths (hidden, MLP, head dim) that are
     multiples of 16 (head dim <= 256). Decided at trace time from static facts."""
@@ -45,15 +44,14 @@ def usable(cfg: Qwen3Config, params, cache, rows: int, mesh: Optional[Mesh] = No
     return so is not None and bool(so.reagent_decode_layers_supported())
 
 
-def decode_layers(cfg: Qwen3Config, params, x: jax.Array, positions: jax.Array, cache):
+def decode_layers(cfg, params, x: jax.Array, positions: jax.Array, cache):
     """x [B, E] (embedded tokens at positions [B]); cache (k, v) each [L, B, K, S, D] (the decode
     window). Returns (hidden [B, E] before the final norm, cache with each row's new K/V written at
     its position). Rows at positions >= S write nothing and their hidden state is meaningless.
     Call only where `usable` said yes."""
     lp = params["layers"]
     att, mlp = lp["attn"], lp["mlp"]
-    inv_freq, rope_scale = cfg.rope_frequencies()
-    cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta, inv_freq, rope_scale)  # [B, D/2]
+    cos, sin = cfg.rope_tables(positions)  # [B, D/2]
     operands = (x.astype(jnp.float32), positions.astype(jnp.int32), cos, sin, lp["input_norm"]["scale"],
                 att["q"], att["k"], att["v"], att["q_norm"]["scale"], att["k_norm"]["scale"], att["o"],
                 lp["post_attn_norm"]["scale"], mlp["gate"], mlp["up"], mlp["down"], *cache)

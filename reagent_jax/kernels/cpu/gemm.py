@@ -8,14 +8,14 @@ forward slower than transformers' (torch calls oneMKL). Routing the model's dens
 
 The BLAS is the `scipy-openblas64` wheel's (the OpenBLAS numpy is built with; its symbols are
 prefixed, so it never clashes with numpy's or torch's BLAS). It runs single-threaded and the
-handler (`cpu_gemm.cc`) splits each GEMM over XLA's own thread pool, so no second thread pool
+handler (`gemm.cc`) splits each GEMM over XLA's own thread pool, so no second thread pool
 competes with XLA's for the cores. Used only where it is a like-for-like swap: CPU backend, fp32
 operands, no device mesh, at least `MIN_ROWS` rows. Everywhere else (GPU/TPU, bf16, sharded runs,
 decode steps) the callers keep the einsum. Gradients are the same GEMMs transposed (custom VJP).
 
 `REAGENT_CPU_GEMM` picks: `auto` (default: OpenBLAS when the wheel and a C++ compiler are there,
 else XLA with one warning), `blas` (an error if it cannot be used), `xla` (never, nor the other
-CPU kernels). The handlers (`cpu_gemm.cc`, `cpu_decode.cc`, sharing `cpu_kernels.h`) are compiled
+CPU kernels). The handlers (`gemm.cc`, `decode.cc`, sharing `kernels.h`) are compiled
 on first use into one library in `$REAGENT_CACHE_DIR` (default `~/.cache/reagent_jax`), keyed by
 the sources, the compiler command and the jax version.
 
@@ -23,7 +23,7 @@ the sources, the compiler command and the jax version.
 XLA:CPU's multiply-reduce reads the weight at about half the machine's bandwidth and its GEMM
 packs the weight first, so an AVX-512 kernel in the same file streams it once and hands the
 sampler its per-chunk statistics (the engine's decode step, BENCHMARKS.md). CPUs without AVX-512
-keep XLA's loop. The decode step's layers have their own kernel (`models.cpu_decode`).
+keep XLA's loop. The decode step's layers have their own kernel (`kernels.cpu.decode`).
 """
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ log = logging.getLogger(__name__)
 _TARGET = "reagent_sgemm"
 _VOCAB_TARGET = "reagent_vocab_logits"
 _HERE = pathlib.Path(__file__).parent
-_SOURCES = (_HERE / "cpu_gemm.cc", _HERE / "cpu_decode.cc")  # one library; both include cpu_kernels.h
-_HEADER = _HERE / "cpu_kernels.h"
+_SOURCES = (_HERE / "gemm.cc", _HERE / "decode.cc")  # one library; both include kernels.h
+_HEADER = _HERE / "kernels.h"
 _DECODE_TARGET = "reagent_decode_layers"
 _MODES = ("auto", "blas", "xla")
 # Fewer rows than this stay with XLA: at decode (one row per sequence, 16 here) XLA's small GEMMs
@@ -150,7 +150,7 @@ def matmul(a: jax.Array, b: jax.Array, trans_a: bool = False, trans_b: bool = Fa
     Differentiable to any order in reverse mode (the gradients are this function again); forward
     mode (jvp) is not defined. Call only where `usable` said yes."""
     if not _load():
-        raise RuntimeError("the OpenBLAS GEMM is unavailable here; check cpu_gemm.usable() before calling it")
+        raise RuntimeError("the OpenBLAS GEMM is unavailable here; check kernels.cpu.gemm.usable() before calling it")
     m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
     n = b.shape[0] if trans_b else b.shape[1]
     call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((m, n), jnp.float32), vmap_method="sequential")
@@ -223,7 +223,7 @@ def vocab_logits(w: jax.Array, h: jax.Array, inv_temperature: jax.Array, chunk: 
     folded in as each tile of logits is computed). One pass over w per 32 rows of h. Not
     differentiable (sampling only). Call only where `vocab_logits_usable` said yes."""
     if not _load():
-        raise RuntimeError("the CPU kernels are unavailable here; check cpu_gemm.vocab_logits_usable() first")
+        raise RuntimeError("the CPU kernels are unavailable here; check kernels.cpu.gemm.vocab_logits_usable() first")
     v, b = w.shape[0], h.shape[0]
     c = -(-v // chunk)
     out = (jax.ShapeDtypeStruct((v, b), jnp.float32),) + (jax.ShapeDtypeStruct((c, b), jnp.float32),) * 2

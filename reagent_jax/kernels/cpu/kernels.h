@@ -1,4 +1,4 @@
-// Pieces shared by the CPU kernels (cpu_gemm.cc, cpu_decode.cc): splitting work over XLA's own
+// Pieces shared by the CPU kernels (gemm.cc, decode.cc): splitting work over XLA's own
 // intra-op thread pool, 16-float vectors (GCC/clang vector extensions) and a vector exp.
 #ifndef REAGENT_JAX_MODELS_CPU_KERNELS_H_
 #define REAGENT_JAX_MODELS_CPU_KERNELS_H_

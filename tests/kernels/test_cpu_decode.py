@@ -1,4 +1,4 @@
-"""The one-call decode-step kernel (`models.cpu_decode`) against the model's own layers
+"""The one-call decode-step kernel (`kernels.cpu.decode`) against the model's own layers
 (`forward_with_cache`), on shapes that exercise every tile and tail, and in the rollout engine."""
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from reagent_jax import models, rollout
-from reagent_jax.models import cpu_decode
+from reagent_jax.kernels.cpu import decode as cpu_decode
 from reagent_jax.models.functional import forward_with_cache
 from reagent_jax.models.qwen3 import Qwen3
 from reagent_jax.rollout import kernels

@@ -1,4 +1,4 @@
-"""The fp32 CPU GEMM through OpenBLAS (models/cpu_gemm.py): values and gradients against NumPy,
+"""The fp32 CPU GEMM through OpenBLAS (kernels/cpu/gemm.py): values and gradients against NumPy,
 the model on that path against transformers and against XLA's own GEMM, and the fallbacks; the
 decode projection kernel (`vocab_logits`) against NumPy and in the engine's sampler."""
 import logging
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from reagent_jax import models
-from reagent_jax.models import cpu_gemm
+from reagent_jax.kernels.cpu import gemm as cpu_gemm
 from reagent_jax.models.functional import forward, token_logprobs
 from tests.conftest import hf_logits
 
@@ -122,7 +122,7 @@ def test_unavailable_blas_falls_back_or_fails_clearly(monkeypatch, tmp_path, cap
     monkeypatch.setenv("REAGENT_CACHE_DIR", str(tmp_path))  # nothing compiled there yet
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     load = cpu_gemm._library.__wrapped__  # the uncached body; the process's registration stays as is
-    with caplog.at_level(logging.INFO, logger="reagent_jax.models.cpu_gemm"):
+    with caplog.at_level(logging.INFO, logger="reagent_jax.kernels.cpu.gemm"):
         assert load() is None
     assert "no-such-compiler" in caplog.text
     monkeypatch.setenv("REAGENT_CPU_GEMM", "blas")

@@ -3,9 +3,9 @@
 //   scipy-openblas64 wheel);
 // - ReagentVocabLogits: few rows against a big row-major weight (the decode step's output
 //   projection with a tied embedding), streamed once from memory by an AVX-512 kernel.
-// Built on first use by reagent_jax/models/cpu_gemm.py; the BLAS entry point is handed in at run
+// Built on first use by reagent_jax/kernels/cpu/gemm.py; the BLAS entry point is handed in at run
 // time (reagent_set_sgemm), so this file links against nothing but the XLA FFI headers.
-#include "cpu_kernels.h"
+#include "kernels.h"
 
 using Sgemm = void (*)(int layout, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                        const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);

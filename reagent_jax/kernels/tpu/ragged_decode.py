@@ -1,26 +1,8 @@
-"""Attention kernels for the cache-free causal path (training, scoring, reference logprobs),
-chosen by `Qwen3Config.attention`:
-
-  xla     `attention.causal_attention`: causal query blocks through XLA (every backend; the CPU path)
-  splash  TPU splash attention (Pallas, `jax.experimental.pallas.ops.tpu.splash_attention`):
-          flash-style, no [heads, T, T] scores in HBM, causal blocks skipped by the kernel.
-          Off TPU it runs in Pallas interpret mode (slow; for correctness tests only)
-  auto    splash on a TPU mesh when the length is a multiple of 128, else xla
-
-Why a seam of its own: the model (`models/qwen3.py`) asks for "causal attention of these
-q/k/v with these valid keys" and this module decides how, from the mesh's devices (never the
-host's backend), so a CPU host compiling for TPU traces the TPU kernel.
-
-One-token decode over the KV cache (`attention.cached_attention`), by `choose_decode`:
-
-  xla     every slot attends over the whole cache window (a static bucket set by the longest
-          live slot), masked past its length: bytes per step = slots x window
-  ragged  TPU (`auto` on a TPU mesh): a Pallas kernel over the cache [L, N, S, K, D]
-          (`kv_layout`) that walks each slot's positions in blocks and stops at that slot's
-          own length (the block index is clamped there, so no block past it is fetched):
-          bytes per step = the live KV. Off TPU it runs in interpret mode (tests only)
-
-Prefill keeps its XLA attention.
+"""TPU decode attention that follows each slot's length: a Pallas kernel over the stacked KV
+cache [L, N, S, K, D] (`kv_layout`) that walks each slot's positions in blocks and stops at that
+slot's own length (the block index is clamped there, so no block past it is fetched): bytes per
+step = the live KV, where XLA attention reads every slot's whole window. Off TPU it runs in
+interpret mode (tests only). Chosen by `kernels.attention.choose_decode`.
 """
 from __future__ import annotations
 
@@ -29,85 +11,15 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, PartitionSpec as P
-
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import Mesh, PartitionSpec as P
 
-from reagent_jax.models.config import ATTENTION_IMPLS
 from reagent_jax.parallel.mesh import mesh_platform
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, logical_to_spec
 
-_SPLASH_BLOCKS = (512, 256, 128)  # the largest that divides T is used
-
-
-def choose(impl: str, mesh: Optional[Mesh], length: int) -> str:
-    """The kernel ("xla" or "splash") that runs causal attention over `length` tokens on `mesh`."""
-    if impl not in ATTENTION_IMPLS:
-        raise ValueError(f"attention={impl!r}; choose one of {ATTENTION_IMPLS}")
-    if impl == "auto":
-        return "splash" if mesh_platform(mesh) == "tpu" and length % 128 == 0 else "xla"
-    if impl == "splash" and length % 128:
-        raise ValueError(f"attention='splash' needs a length that is a multiple of 128, got {length} "
-                         "(bucket the sequence lengths, or use attention='auto')")
-    return impl
-
-
-def _splash_kernel(length: int, groups: int, interpret: bool):
-    """The MQA splash kernel for (length, query heads per KV head): q [g, T, d], k/v [T, d].
-    Built inside each trace (as MaxText does): its block tables become that program's constants;
-    a kernel cached across traces would carry one trace's values into another."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
-    block = next(b for b in _SPLASH_BLOCKS if length % b == 0)
-    sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                          block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-    mask = sm.MultiHeadMask([sm.CausalMask((length, length))] * groups)
-    return sk.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret), sk.SegmentIds
-
-
-def splash_attention(qg: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, scale: float,
-                     mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES) -> jax.Array:
-    """Causal attention of qg [b,t,k,g,d] over k, v [b,t,k,d] where key_valid [b,t] (padding
-    keys invisible to real queries) -> [b,t,k,g,d]. Padding queries attend among padding keys
-    (finite; their outputs carry no loss). Sharded as the activations are: rows over the batch
-    axes, KV heads over the tensor axis (shard_map; the kernel sees one device's block)."""
-    b, t, nk, g, d = qg.shape
-    interpret = mesh_platform(mesh) != "tpu"
-    kernel, segment_ids = _splash_kernel(t, g, interpret)
-
-    def local(qg, k, v, valid):  # one device's rows and KV heads
-        seg = valid.astype(jnp.int32)  # [b, t]: 1 real, 0 padding
-
-        def one_head(q_h, k_h, v_h, s):  # q_h [g, t, d]; k_h, v_h [t, d]; s [t]
-            return kernel(q_h, k_h, v_h, segment_ids=segment_ids(q=s, kv=s))
-
-        per_row = jax.vmap(one_head, in_axes=(0, 0, 0, None))  # over KV heads
-        out = jax.vmap(per_row)((qg * scale).transpose(0, 2, 3, 1, 4), k.transpose(0, 2, 1, 3),
-                                v.transpose(0, 2, 1, 3), seg)  # [b, k, g, t, d]
-        return out.transpose(0, 3, 1, 2, 4).astype(v.dtype)
-
-    if mesh is None:  # on a mesh (one device too) shard_map tells the kernel which TPU it lowers for
-        return local(qg, k, v, key_valid)
-    q_spec = logical_to_spec(("batch", None, "act_kv_heads", None, None), qg.shape, mesh, rules)
-    kv_spec = logical_to_spec(("batch", None, "act_kv_heads", None), k.shape, mesh, rules)
-    row_spec = logical_to_spec(("batch", None), key_valid.shape, mesh, rules)
-    return jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, row_spec), out_specs=q_spec,
-                         check_vma=False)(qg, k, v, key_valid)
-
-
-# ---- ragged decode ------------------------------------------------------------------------------
-
 _DECODE_BLOCK_BYTES = 512 * 1024  # one K (or V) block of a slot's heads in VMEM, double-buffered x 2
 _NEG = -0.7 * float(jnp.finfo(jnp.float32).max)
-
-
-def choose_decode(impl: str, mesh: Optional[Mesh]) -> str:
-    """The one-token decode attention ("xla" or "ragged") on `mesh`: ragged on TPU unless the
-    config asks for xla."""
-    if impl not in ATTENTION_IMPLS:
-        raise ValueError(f"attention={impl!r}; choose one of {ATTENTION_IMPLS}")
-    return "ragged" if impl != "xla" and mesh_platform(mesh) == "tpu" else "xla"
 
 
 def decode_block(length: int, heads: int, head_dim: int, itemsize: int) -> int:

@@ -1,22 +1,19 @@
-"""Attention through XLA: masks, the cache-free causal attention of training and scoring (in
-causal query blocks), and attention over the KV cache for prefill and decode, which hands
-one-token decode to TPU's ragged kernel (`attention_kernels`) where the config and the mesh's
-devices choose it.
+"""Attention through XLA (every backend; the CPU path): masks, the cache-free causal attention
+of training and scoring (in causal query blocks), and attention over the KV cache for prefill
+and decode.
 
 Einsum letters: b batch, t query time, s key time, k kv heads, g q heads per kv head, d head dim.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from reagent_jax.models import attention_kernels, kv_layout
-from reagent_jax.models.config import Qwen3Config
-from reagent_jax.models.matmul import f32_einsum, mm
-from reagent_jax.parallel.rules import DEFAULT_RULES, Rules
+from reagent_jax.kernels import kv_layout
+from reagent_jax.kernels.matmul import f32_einsum, mm
 
 _NEG = -1e30  # finite "minus infinity": fully masked (padding) rows stay finite
 LONG_ATTENTION = 2048  # longer sequences recompute attention probabilities per query block (see causal_attention)
@@ -46,7 +43,7 @@ def causal_attention(qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
                      mesh: Optional[Mesh] = None) -> jax.Array:
     """Softmax attention without a cache. qg [b,t,k,g,d]; k, v [b,s=t,k,d]; mask [b,t,s] must be
     causal (key s > query t never visible; `attention_mask` builds such masks). Returns
-    [b,t,k,g,d]. mesh: where it runs (for `_f32_einsum`).
+    [b,t,k,g,d]. mesh: where it runs (for `f32_einsum`).
 
     Why not one einsum: on XLA:CPU the straightforward form ran at ~30 GFLOP/s. Here queries go
     in causal blocks that skip keys past the block's end, the g query heads of a kv head are
@@ -96,33 +93,20 @@ def decode_step_values(p_old: jax.Array, cv: jax.Array, p_new: jax.Array, v: jax
     return out[:, None].astype(v.dtype)
 
 
-class LayerCache(NamedTuple):
-    """One layer's view of the KV cache: the whole (k, v) caches ([L, ...] in `kv_layout.order`)
-    and the layer's index. The whole arrays, not a slice: a kernel (a custom call) given a
-    layer's slice would get it as a copy of that layer, read whole in every step."""
-    k: jax.Array
-    v: jax.Array
-    layer: jax.Array  # int32 []
-
-
-def cached_attention(cfg: Qwen3Config, qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                     layer_cache: LayerCache, write_index: jax.Array, slot_ids: Optional[jax.Array], scale: float,
-                     mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES) -> jax.Array:
+def cached_attention(qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, cache_k: jax.Array,
+                     cache_v: jax.Array, layer: jax.Array, write_index: jax.Array, slot_ids: Optional[jax.Array],
+                     scale: float, dtype, mesh: Optional[Mesh] = None) -> jax.Array:
     """Attention of this call's tokens qg [b,t,k,g,d] (their own k, v [b,t,k,d], causal `mask`
-    [b,t,t]) over one layer of the cache plus themselves: row b sees cache row slot_ids[b]
-    (default b) below write_index[b]. -> [b,t,k,g,d].
+    [b,t,t]) over layer `layer` of the cache (k and v, [L, ...] in `kv_layout.order`) plus
+    themselves: row b sees cache row slot_ids[b] (default b) below write_index[b]. Matmuls in
+    `dtype`. -> [b,t,k,g,d].
 
     A two-part softmax over (cached positions < write_index) and (new tokens, causal): the cache
-    is only read here; the new K/V are scattered once after the layer loop, so a step never
-    copies the cache. One-token decode on TPU runs the ragged kernel, which reads each slot's
-    cache only up to its own length (`attention_kernels.ragged_decode`)."""
-    dt = cfg.jnp_dtype
+    is only read here; the new K/V are scattered once after the layer loop
+    (`kv_layout.write_new`), so a step never copies the cache."""
+    dt = dtype
     t = qg.shape[1]
-    if t == 1 and slot_ids is None and attention_kernels.choose_decode(cfg.attention, mesh) == "ragged":
-        return attention_kernels.ragged_decode(qg, layer_cache.k, layer_cache.v, layer_cache.layer, k, v, write_index,
-                                               scale, mesh, rules)
-    ck, cv = (jax.lax.dynamic_index_in_dim(c, layer_cache.layer, 0, keepdims=False)
-              for c in (layer_cache.k, layer_cache.v))
+    ck, cv = (jax.lax.dynamic_index_in_dim(c, layer, 0, keepdims=False) for c in (cache_k, cache_v))
     order = kv_layout.layer_order(mesh)  # e.g. "nksd" (CPU)
     kv = order.replace("n", "b")
     if slot_ids is not None:

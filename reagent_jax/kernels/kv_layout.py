@@ -1,14 +1,15 @@
 """The order of a KV cache's axes, per backend: a string over l (layers), n (slots), k (kv
-heads), s (positions), d (head dim), from which every reader of the cache derives its indexing.
+heads), s (positions), d (head dim), from which every reader of the cache derives its indexing;
+and how a call's new K/V are written into it (`write_new`).
 
-CPU `lnksd`: a slot's head is one contiguous [S, D] block, as the CPU kernels (`cpu_decode`)
+CPU `lnksd`: a slot's head is one contiguous [S, D] block, as the CPU kernels (`cpu.decode`)
 and the XLA:CPU attention read it.
 
 GPU and TPU `lnskd`: one token's [K, D] is one dense tile, so a decode step's scatter of the
 new K/V writes whole tiles. In the CPU order XLA:TPU copied the whole cache into this order and
 back in every decode call whenever a chip holds more than one KV head (Qwen3-0.6B on one v5e
 chip: two 0.47 GB copies per call, launch/compile_check.py). TPU's ragged decode kernel
-(`attention_kernels.ragged_decode`) reads this order too: in the heads-major [L, K, N, S, D]
+(`tpu.ragged_decode`) reads this order too: in the heads-major [L, K, N, S, D]
 order (the layout of JAX's paged attention kernels) XLA:TPU kept the cache in this order for
 the scatter and copied it for the kernel in every step (4 x 9.7 GB per call at 8B).
 """
@@ -16,9 +17,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+import jax
 from jax.sharding import Mesh
 
-from reagent_jax.models.config import Qwen3Config
 from reagent_jax.parallel.mesh import mesh_platform
 
 ORDERS = {"cpu": "lnksd", "gpu": "lnskd", "tpu": "lnskd"}
@@ -45,7 +46,7 @@ def cache_axes(mesh: Optional[Mesh]) -> tuple[str, ...]:
     return tuple(_LOGICAL[a] for a in order(mesh))
 
 
-def cache_shape(cfg: Qwen3Config, num_slots: int, max_len: int, mesh: Optional[Mesh] = None) -> tuple[int, ...]:
+def cache_shape(cfg, num_slots: int, max_len: int, mesh: Optional[Mesh] = None) -> tuple[int, ...]:
     sizes = {"l": cfg.num_layers, "n": num_slots, "k": cfg.num_kv_heads, "s": max_len, "d": cfg.head_dim}
     return tuple(sizes[a] for a in order(mesh))
 
@@ -58,3 +59,21 @@ def positions_axis(mesh: Optional[Mesh]) -> int:
 def slots_axis(mesh: Optional[Mesh]) -> int:
     """The slots axis of the whole cache; one layer's slice has it one earlier."""
     return order(mesh).index("n")
+
+
+def write_new(cache: jax.Array, new: jax.Array, rows: jax.Array, t_idx: jax.Array,
+              mesh: Optional[Mesh]) -> jax.Array:
+    """cache [l, n, k, S, d] (CPU) or [l, n, S, k, d] (`order`) with new [l, b, t, k, d]
+    written at rows [b] x t_idx [b, t].
+
+    On accelerators one scatter per layer: a single scatter of all layers ([b, t, l, k, d]
+    windows) made XLA:TPU keep the cache in a layers-minor layout for it and copy the whole
+    cache to the layer scan's layers-major layout and back in every decode step (two
+    cache-sized copies per step, measured with launch/compile_check.py). On CPU the single
+    scatter is ~15% faster for a bench-256 prefill, so it stays there."""
+    if order(mesh) == "lnksd":  # CPU
+        # cache[:, rows[b], :, t_idx[b, t]] is [b, t, l, k, d] (NumPy rules for split indices)
+        return cache.at[:, rows[:, None], :, t_idx].set(new.transpose(1, 2, 0, 3, 4).astype(cache.dtype), mode="drop")
+    for layer in range(cache.shape[0]):  # cache[layer, rows[b], t_idx[b, t]] is [b, t, k, d]
+        cache = cache.at[layer, rows[:, None], t_idx].set(new[layer].astype(cache.dtype), mode="drop")
+    return cache

@@ -1,0 +1,82 @@
+"""Which attention kernel runs, by `Qwen3Config.attention` and the mesh's devices (never the
+host's backend, so a CPU host compiling for TPU traces the TPU kernels).
+
+Cache-free causal attention (training, scoring, reference logprobs), by `choose`:
+
+  xla     `xla_attention.causal_attention`: causal query blocks through XLA (every backend)
+  splash  TPU splash attention (`tpu.splash`); off TPU in Pallas interpret mode (tests only)
+  auto    splash on a TPU mesh when the length is a multiple of 128, else xla
+
+One-token decode over the KV cache, by `choose_decode`:
+
+  xla     every slot attends over the whole cache window (a static bucket set by the longest
+          live slot), masked past its length: bytes per step = slots x window
+  ragged  TPU (`auto` on a TPU mesh): `tpu.ragged_decode` reads each slot's cache only up to
+          its own length: bytes per step = the live KV
+
+Prefill (several new tokens over the cache) keeps XLA attention.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import jax
+from jax.sharding import Mesh
+
+from reagent_jax.kernels import xla_attention
+from reagent_jax.kernels.tpu import ragged_decode, splash
+from reagent_jax.parallel.mesh import mesh_platform
+from reagent_jax.parallel.rules import DEFAULT_RULES, Rules
+
+ATTENTION_IMPLS = ("auto", "xla", "splash")
+
+
+def choose(impl: str, mesh: Optional[Mesh], length: int) -> str:
+    """The kernel ("xla" or "splash") that runs causal attention over `length` tokens on `mesh`."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention={impl!r}; choose one of {ATTENTION_IMPLS}")
+    if impl == "auto":
+        return "splash" if mesh_platform(mesh) == "tpu" and length % 128 == 0 else "xla"
+    if impl == "splash" and length % 128:
+        raise ValueError(f"attention='splash' needs a length that is a multiple of 128, got {length} "
+                         "(bucket the sequence lengths, or use attention='auto')")
+    return impl
+
+
+def choose_decode(impl: str, mesh: Optional[Mesh]) -> str:
+    """The one-token decode attention ("xla" or "ragged") on `mesh`: ragged on TPU unless the
+    config asks for xla."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention={impl!r}; choose one of {ATTENTION_IMPLS}")
+    return "ragged" if impl != "xla" and mesh_platform(mesh) == "tpu" else "xla"
+
+
+class LayerCache(NamedTuple):
+    """One layer's view of the KV cache: the whole (k, v) caches ([L, ...] in `kv_layout.order`)
+    and the layer's index. The whole arrays, not a slice: a kernel (a custom call) given a
+    layer's slice would get it as a copy of that layer, read whole in every step."""
+    k: jax.Array
+    v: jax.Array
+    layer: jax.Array  # int32 []
+
+
+def causal_attention(impl: str, qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
+                     mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES) -> jax.Array:
+    """Softmax attention without a cache: qg [b,t,k,g,d] over k, v [b,t,k,d] by the causal mask
+    [b,t,t] -> [b,t,k,g,d], by the kernel `choose(impl, mesh, t)` picks."""
+    if choose(impl, mesh, qg.shape[1]) == "splash":
+        key_valid = jax.numpy.diagonal(mask, axis1=1, axis2=2)  # [b, t]: a causal mask's diagonal is its valid keys
+        return splash.splash_attention(qg, k, v, key_valid, scale, mesh, rules)
+    return xla_attention.causal_attention(qg, k, v, mask, scale, mesh)
+
+
+def cached_attention(impl: str, qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, cache: LayerCache,
+                     write_index: jax.Array, slot_ids: Optional[jax.Array], scale: float, dtype,
+                     mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES) -> jax.Array:
+    """This call's tokens qg [b,t,k,g,d] (their own k, v [b,t,k,d], causal `mask` [b,t,t]) over one
+    layer of the cache plus themselves (`xla_attention.cached_attention`); one-token decode of
+    every slot on TPU by the ragged kernel (`choose_decode`)."""
+    if qg.shape[1] == 1 and slot_ids is None and choose_decode(impl, mesh) == "ragged":
+        return ragged_decode.ragged_decode(qg, cache.k, cache.v, cache.layer, k, v, write_index, scale, mesh, rules)
+    return xla_attention.cached_attention(qg, k, v, mask, cache.k, cache.v, cache.layer, write_index, slot_ids, scale,
+                                          dtype, mesh)

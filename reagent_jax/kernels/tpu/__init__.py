@@ -1,0 +1,1 @@
+"""TPU kernels (Pallas): splash attention for training and scoring, ragged decode attention."""
