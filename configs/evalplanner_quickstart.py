@@ -22,7 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.stages = "judge_seed,judge_data,judge_sft,judge_dpo"  # in this order; each resumes / is skipped when done
     c.mesh = "single"
 
-    # Task: the synthetic world (see reagent_jax/evalplanner/synthetic.py).
+    # Task: the synthetic world (see reagent_jax/worlds/pairwise.py).
     c.world = ml_collections.ConfigDict(dict(seed=0, n_entities=40, n_questions=400, heldout_fraction=0.2,
                                              level_weights=(0.5, 0.5, 0.0)))
     c.data = ml_collections.ConfigDict(dict(

@@ -19,7 +19,7 @@ _DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sh
 
 
 def get_config() -> ml_collections.ConfigDict:
-    from reagent_jax.agent.envs import SOLVER_SYSTEM_PROMPT
+    from reagent_jax.worlds import SOLVER_SYSTEM_PROMPT
 
     c = ml_collections.ConfigDict()
     c.seed = 0

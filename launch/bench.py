@@ -47,33 +47,33 @@ def main(argv):
     from reagent_jax import models
     cfg = models.preset(FLAGS.preset)
     if FLAGS.mode == "forward":
-        from reagent_jax.models import bench
+        from reagent_jax.benchmarks import forward as bench
         result = bench.run(cfg, batch=FLAGS.batch, seq_len=FLAGS.seq_len, iters=FLAGS.iters, with_torch=FLAGS.baseline,
                            dtype=FLAGS.dtype)
     elif FLAGS.mode == "rollout":
-        from reagent_jax.rollout import bench
+        from reagent_jax.benchmarks import rollout as bench
         result = bench.run(cfg, batch=FLAGS.batch, prompt_len=FLAGS.prompt_len, new_tokens=FLAGS.new_tokens,
                            iters=FLAGS.iters, with_torch=FLAGS.baseline, dtype=FLAGS.dtype)
     elif FLAGS.mode == "train_step":
-        from reagent_jax.trainers import bench
+        from reagent_jax.benchmarks import train as bench
         result = bench.run_train_step(cfg, batch=FLAGS.batch, seq_len=FLAGS.seq_len, iters=FLAGS.iters,
                                       dtype=FLAGS.dtype)
     elif FLAGS.mode == "grpo_step":
-        from reagent_jax.trainers import bench
+        from reagent_jax.benchmarks import train as bench
         result = bench.run_grpo_step(cfg, iters=FLAGS.iters, dtype=FLAGS.dtype)
     elif FLAGS.mode == "serve":
-        from reagent_jax.serve import bench
+        from reagent_jax.benchmarks import serve as bench
         result = bench.server_under_load(FLAGS.preset, clients=FLAGS.clients, prompt_len=FLAGS.prompt_len,
                                          new_tokens=FLAGS.new_tokens, stream=FLAGS.stream, repeats=FLAGS.iters,
                                          **({"vocab_size": FLAGS.vocab_size} if FLAGS.vocab_size else {}))
     elif FLAGS.mode == "data":
-        from reagent_jax.data import bench
+        from reagent_jax.benchmarks import data as bench
         result = bench.run(num_records=max(FLAGS.iters, 1000), reads=max(FLAGS.iters, 1000))
     elif FLAGS.mode == "eval":
-        from reagent_jax.serve import bench
+        from reagent_jax.benchmarks import serve as bench
         result = bench.eval_wall_time()
     else:
-        from reagent_jax.agent import bench
+        from reagent_jax.benchmarks import tools as bench
         result = bench.run(iters=FLAGS.iters, workdir=FLAGS.workdir)
     result = {"mode": FLAGS.mode, "preset": FLAGS.preset, **result}
     text = json.dumps(result, indent=2, sort_keys=True)

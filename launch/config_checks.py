@@ -1,4 +1,4 @@
-"""Command-line side of the config checks (the checks themselves: reagent_jax/trainers/config_checks.py):
+"""Command-line side of the config checks (the checks themselves: reagent_jax/pipelines/config_checks.py):
 absl flag parsing that names a misspelt `--config.<key>`, and a check that ends the program with
 its message instead of a traceback."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from absl import app
 
-from reagent_jax.trainers.config_checks import (  # noqa: F401  (re-exported for the launch scripts)
+from reagent_jax.pipelines.config_checks import (  # noqa: F401  (re-exported for the launch scripts)
     ConfigError, check_eval_config, check_train_config)
 
 

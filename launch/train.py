@@ -7,7 +7,7 @@ r"""Training entry point (absl flags + ml_collections config).
 The config's `pipeline` field picks the pipeline (default: the agent pipeline, stages sft,grpo).
 Multi-host: set REAGENT_COORDINATOR / REAGENT_NUM_PROCESSES / REAGENT_PROCESS_ID (or
 REAGENT_DISTRIBUTED=1 on Cloud TPU / SLURM) and run the same command on every host.
-The config is checked first (reagent_jax/trainers/config_checks.py): invalid fields stop the run before any work.
+The config is checked first (reagent_jax/pipelines/config_checks.py): invalid fields stop the run before any work.
 """
 from __future__ import annotations
 
@@ -59,10 +59,10 @@ def _sigterm_outside_a_stage(signum, frame):
 def _run_pipeline(config) -> None:
     pipeline = config.get("pipeline", "agent")
     if pipeline == "agent":
-        from reagent_jax.trainers import agent_pipeline
+        from reagent_jax.pipelines import agent as agent_pipeline
         agent_pipeline.run(config, FLAGS.workdir)
     elif pipeline == "evalplanner":
-        from reagent_jax.evalplanner import pipeline as ep_pipeline
+        from reagent_jax.pipelines import evalplanner as ep_pipeline
         ep_pipeline.run(config, FLAGS.workdir)
     else:
         raise ValueError(f"unknown pipeline {pipeline!r}; use 'agent' or 'evalplanner'")

@@ -12,7 +12,7 @@ OVERRIDES = ["--config.sft.steps=3", "--config.sft.batch_size=4", "--config.grpo
              "--config.world.n_questions=40", "--config.world.n_entities=10", "--config.model.hidden_size=64",
              "--config.model.intermediate_size=128", "--config.model.num_layers=2",
              "--config.agent.max_turns=2", "--config.agent.max_tokens_per_turn=24", "--config.rollout.num_slots=8"]
-ARGS = [*OVERRIDES, "--config.mesh=auto"]  # the mesh over all 4 devices, as tests/test_multihost_train.py
+ARGS = [*OVERRIDES, "--config.mesh=auto"]  # the mesh over all 4 devices, as tests/pipelines/test_resume.py
 
 
 def cmd(workdir) -> list[str]:

@@ -27,7 +27,7 @@ checks = _module("launch/config_checks.py", "reagent_launch_config_checks")
 
 def test_config_checks_live_in_the_library():
     """Notebooks call the same checks as the launch scripts, without absl (see docs/configs.md)."""
-    from reagent_jax.trainers import config_checks as lib
+    from reagent_jax.pipelines import config_checks as lib
     assert checks.check_train_config is lib.check_train_config
     assert checks.check_eval_config is lib.check_eval_config
     assert checks.ConfigError is lib.ConfigError

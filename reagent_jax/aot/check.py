@@ -14,7 +14,8 @@ from typing import Optional, Sequence
 import jax.numpy as jnp
 
 from reagent_jax import parallel
-from reagent_jax.aot import chips, hlo_stats
+from reagent_jax.aot import hlo_stats
+from reagent_jax.parallel import chips
 from reagent_jax.aot.programs import Program, run_programs
 
 GIB = 1024 ** 3

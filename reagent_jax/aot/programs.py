@@ -26,10 +26,12 @@ from reagent_jax.models.flops import (attention_flops_per_token, dense_flops_per
                                       sequence_flops)
 from reagent_jax.models.functional import param_shapes, param_shardings, token_logprobs
 from reagent_jax.parallel.rules import named_sharding
+from reagent_jax.pipelines.context import model_config as from_fields
 from reagent_jax.rl import objectives as obj
 from reagent_jax.rl import train_step as ts
 from reagent_jax.rollout import kernels
 from reagent_jax.rollout.layout import ENGINE_RULES, engine_dtype, engine_mesh, engine_shardings, slots_per_process
+
 
 QWEN3_TOKENIZER_SIZE = 151_669  # chat.load_tokenizer(None): 151,643 BPE ranks + Qwen3's added tokens
 ENGINE_PREFILL_ROWS = 8  # rollout.Engine's max_prefill_rows default
@@ -133,7 +135,6 @@ def model_config(config) -> models.Qwen3Config:
     """`config.model` as the run builds it, without loading weights or training a tokenizer:
     a preset, the config of `model.init_from` (HF `config.json` or a reagent_jax params dir), or
     the small model of the fields with the tokenizer's size (compact: `tokenizer.vocab_size`)."""
-    from reagent_jax.trainers.context import model_config as from_fields
     m = config.model
     path = m.get("init_from", "")
     if path and not m.get("preset"):

@@ -6,13 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from reagent_jax import rewards
-
-
-def score_trajectory(traj) -> float:
-    q = traj.question
-    answers = q["answer"] if isinstance(q["answer"], (list, tuple)) else [q["answer"]]
-    return float(rewards.score_answer(traj.final_text, list(answers), q.get("data_source")))
+from reagent_jax.rewards import score_trajectory
 
 
 def evaluate_agent(loop, records: Sequence[dict], *, n: int = 1, greedy: bool = True, seed: int = 0) -> dict:

@@ -15,12 +15,14 @@ from typing import Any, Optional
 from reagent_jax import parallel
 from reagent_jax.agent import tools as tools_lib
 from reagent_jax.agent.loop import AgentConfig, FINAL_STEP_MESSAGE, DEFAULT_SYSTEM_PROMPT
-from reagent_jax.data import resolve_benchmark
+from reagent_jax.data import load_benchmark, resolve_benchmark
 from reagent_jax.endpoints import EndpointConfig
 from reagent_jax.eval.harness import DEFAULT_TOOL_SETS, BenchmarkSpec, EvalSettings, Evaluator, tools_for
 from reagent_jax.eval.llm_judge import LLMAnswerJudge
 from reagent_jax.eval.scoring import AnswerScorer
+from reagent_jax.rrm.remote import RemoteJudge
 from reagent_jax.serve import EngineChatClient, ModelService, ServerLimits, build_engine, load_policy
+
 
 log = logging.getLogger(__name__)
 JUDGE_KINDS = ("endpoint", "policy", "checkpoint")
@@ -44,7 +46,6 @@ def tool_sets(config) -> dict[str, tuple[str, ...]]:
 def benchmark_specs(config) -> list[BenchmarkSpec]:
     """`config.benchmarks`: comma-separated names (files in the benchmark directory), paths, or
     name=path pairs (e.g. "gaia=/data/gaia.jsonl")."""
-    from reagent_jax.data import load_benchmark
     sets, limit = tool_sets(config), int(config.get("limit", 0) or 0) or None
     specs = []
     for item in _split(config.benchmarks):
@@ -149,7 +150,6 @@ def run(config, out_dir: str) -> dict[str, Any]:
             raise ValueError(f"scoring.method={config.scoring.method!r}; use 'rule' or 'llm'")
         rrm_judge = None
         if config.reagent_c.enabled:
-            from reagent_jax.rrm.remote import RemoteJudge
             client, cfg = backends.client(config.reagent_c.judge, "reagent_c.judge")
             rrm_judge = RemoteJudge(cfg, client=client)
         names = sorted({t for s in specs for t in s.tools})

@@ -25,6 +25,8 @@ from typing import Any, Mapping, Sequence
 
 from reagent_jax.evalplanner.pairs import Triple, check_unique_ids, correct_verdict, load_triples
 from reagent_jax.evalplanner.parser import pairwise_accuracy, position_consistent_accuracy
+from reagent_jax.metrics import markdown_table
+
 
 ALL = "all"
 
@@ -105,5 +107,4 @@ def report_rows(name: str, report: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def category_table(report: Mapping[str, Any], name: str = "judge") -> str:
-    from reagent_jax.metrics import markdown_table
     return markdown_table(report_rows(name, report))

@@ -12,7 +12,7 @@ Three formats (`JudgeConfig.format`), one per way the judge can be asked:
   verdict_only   the ablation without planning or written reasoning: `verdict_only_messages`;
                  Chain.plan is "" and Chain.output the bare verdict.
 
-`EngineJudge` and the scripted teacher in `evalplanner.synthetic` share the chain-source shape
+`EngineJudge` and the scripted teacher in `worlds.pairwise` share the chain-source shape
 used by the pair builder (`evalplanner.pairs.sample_chains`):
 
     plans(items, n, seed) -> [[plan] * n per item]

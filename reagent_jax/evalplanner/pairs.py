@@ -4,7 +4,7 @@ The paper's recipe, step by step:
   1. Triples (instruction, chosen response, rejected response), from a local JSONL file
      (`load_triples`, schema `EVALPLANNER_PAIR`), from math problems with sampled solutions
      checked by the rule rewards (`math_triples`), or from the synthetic world
-     (`evalplanner.synthetic.synthetic_triples`).
+     (`worlds.pairwise.synthetic_triples`).
   2. `sample_chains`: for every triple, |P| plans from the instruction, and for each plan |E|
      executions in both response orders (chosen shown as A, then as B), from a chain source (the
      judge model on the rollout engine, `judge.EngineJudge`, or a scripted one). Each chain is
@@ -32,7 +32,11 @@ import os
 import random
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from reagent_jax.evalplanner.judge import PairItem
+from reagent_jax import chat
+from reagent_jax.data.sources import JsonlSource
+from reagent_jax.evalplanner.judge import PairItem, request_seed
+from reagent_jax.rewards import score_answer
+from reagent_jax.rollout import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +92,6 @@ class LabelledChain:
 def load_triples(paths: str | Sequence[str], on_error: str = "skip") -> list[Triple]:
     """Triples from JSONL / parquet files in the `EVALPLANNER_PAIR` schema (see `data.schemas`);
     rows without an id get "<file>:<row>"."""
-    from reagent_jax.data.sources import JsonlSource
     src = JsonlSource(paths, "evalplanner_pair", on_error=on_error)
     out = []
     for i, row in enumerate(src):
@@ -119,7 +122,6 @@ def math_triples(problems: Sequence[Mapping[str, Any]], sample_solutions: Soluti
     `engine_solution_sampler`). A solution is correct when `rewards.score_answer` gives 1 and
     incorrect when it gives 0 (partial credit is neither); problems without one of each are skipped.
     """
-    from reagent_jax.rewards import score_answer
     if n < 2:
         raise ValueError(f"math_triples: n={n} solutions per problem cannot give a correct and an incorrect one")
     for i, p in enumerate(problems):
@@ -149,9 +151,6 @@ MATH_SYSTEM = "Solve the problem step by step. Put the final answer in \\boxed{}
 def engine_solution_sampler(engine, tokenizer, *, temperature: float = 0.8, top_p: float = 0.95,
                             max_new_tokens: int = 512, seed: int = 0, system: str = MATH_SYSTEM) -> SolutionSampler:
     """A `SolutionSampler` that draws solutions from the policy behind `engine`."""
-    from reagent_jax import chat
-    from reagent_jax.evalplanner.judge import request_seed
-    from reagent_jax.rollout import SamplingParams
     stop = chat.stop_token_ids(tokenizer)
 
     def sample(questions: list[str], n: int) -> list[list[str]]:

@@ -22,6 +22,8 @@ import itertools
 from typing import Any, Mapping, Sequence
 
 from reagent_jax.evalplanner.judge import PairItem
+from reagent_jax.rrm.prompt import render_trajectory
+
 
 MODES = ("round_robin", "reference")
 Trajectory = str | Sequence[Mapping[str, Any]]
@@ -31,7 +33,6 @@ def trajectory_text(question: str, trajectory: Trajectory, max_tool_chars: int =
     """A trajectory as the judge reads it (the Agent-RRM rendering); a string is used as is."""
     if isinstance(trajectory, str):
         return trajectory
-    from reagent_jax.rrm.prompt import render_trajectory
     return render_trajectory(trajectory, question=question, max_tool_chars=max_tool_chars)
 
 

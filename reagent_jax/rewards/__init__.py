@@ -6,6 +6,7 @@ from reagent_jax.rewards.dispatch import (
     RewardResult,
     compute_reward,
     score_answer,
+    score_trajectory,
     source_kind,
 )
 from reagent_jax.rewards.extraction import (
@@ -51,6 +52,7 @@ __all__ = [
     "normalize_answer",
     "qa_score",
     "score_answer",
+    "score_trajectory",
     "source_kind",
     "strings_equivalent",
     "strip_latex_text",

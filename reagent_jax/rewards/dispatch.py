@@ -91,6 +91,15 @@ def score_answer(response_text: str, ground_truths: str | Sequence[str], data_so
     return compute_reward(response_text, ground_truths, data_source).correctness
 
 
+def score_trajectory(traj) -> float:
+    """R_rule of one agent episode (an `agent.Trajectory`): its final text against its question's
+    answer(s), by the question's data source. Training (GRPO and the Reagent strategies) and
+    evaluation score episodes with this one function."""
+    q = traj.question
+    answers = q["answer"] if isinstance(q["answer"], (list, tuple)) else [q["answer"]]
+    return float(score_answer(traj.final_text, list(answers), q.get("data_source")))
+
+
 def _score(answer: str, golds: list[str], kind: str, timeout_s: int) -> tuple[float, str]:
     best, method, gave_up = 0.0, "none", False
     text_answer = strip_latex_text(answer)

@@ -1,13 +1,11 @@
-"""Agent-RRM: the reasoning reward model's prompt, output parser and rule-based annotator.
+"""Agent-RRM: the reasoning reward model's prompt, output parser, judges and the Reagent
+strategies (the synthetic world's rule-based annotator lives in `worlds.rrm_annotator`).
 
     from reagent_jax import rrm
     messages = rrm.build_rrm_messages(question, trajectory_messages, tools=None)
     j = rrm.parse_judgement(text)          # j.think, j.critique, j.score, j.status
     turn = rrm.build_refinement_message(j.critique)   # Reagent-C second attempt
-    a = rrm.annotate(question_record, trajectory_messages)   # synthetic-world SFT target a.text
 """
-
-from typing import Any
 
 from reagent_jax.rrm.parser import (
     DEFAULT_FALLBACK_SCORE,
@@ -30,15 +28,7 @@ from reagent_jax.rrm.prompt import (
 
 __all__ = [
     "DEFAULT_FALLBACK_SCORE", "Judgement", "JudgementStats", "JudgementStatus", "RRM_SYSTEM_PROMPT", "SUB_SCORE_NAMES",
-    "Annotation", "annotate", "build_refinement_message", "build_rrm_messages", "parse_judgement", "parse_number",
+    "build_refinement_message", "build_rrm_messages", "parse_judgement", "parse_number",
     "render_judgement", "render_trajectory", "rrm_system_prompt", "truncate_middle",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    # The annotator pulls in the synthetic world (agent package); load it only when asked for.
-    if name in ("annotate", "Annotation"):
-        from reagent_jax.rrm import annotator
-
-        return getattr(annotator, name)
-    raise AttributeError(f"module 'reagent_jax.rrm' has no attribute {name!r}")

@@ -17,11 +17,14 @@ from reagent_jax.rrm.parser import DEFAULT_FALLBACK_SCORE, Judgement, JudgementS
 
 @dataclasses.dataclass(frozen=True)
 class JudgeRequest:
-    """One trajectory to judge. `tools`: the tool specs (or names) the agent had, shown to the judge."""
+    """One trajectory to judge. `tools`: the tool specs (or names) the agent had, shown to the judge.
+    `record`: the question's dataset record (with its reference answer), for the judges that grade
+    against a reference (the synthetic world's rule annotator); a model judge never sees it."""
 
     question: str
     trajectory: Sequence[Mapping[str, Any]]
     tools: Sequence[Any] | None = None
+    record: Mapping[str, Any] | None = None
 
 
 JudgeInput = JudgeRequest | tuple | Mapping[str, Any]
@@ -36,7 +39,7 @@ def as_request(item: JudgeInput, index: int = 0) -> JudgeRequest:
         request = JudgeRequest(*item)
     elif isinstance(item, Mapping):
         trajectory = item.get("trajectory", item.get("messages"))
-        request = JudgeRequest(item.get("question"), trajectory, item.get("tools"))  # type: ignore[arg-type]
+        request = JudgeRequest(item.get("question"), trajectory, item.get("tools"), item.get("record"))  # type: ignore[arg-type]
     else:
         raise ValueError(f"judge item {index}: expected JudgeRequest, (question, trajectory) or a dict, "
                          f"got {type(item).__name__}")
@@ -71,7 +74,8 @@ def failed_judgement(fallback_score: float = DEFAULT_FALLBACK_SCORE, status: Any
 @runtime_checkable
 class Judge(Protocol):
     def judge_many(self, items: Sequence[JudgeInput]) -> list[Judgement]:
-        """One Judgement per item, in order; never raises for a single failed item."""
+        """One Judgement per item, in order; never raises for a single failed item. Items come
+        in any `JudgeInput` form (the trainer sends `JudgeRequest`s): read them with `as_request`."""
         ...
 
 

@@ -1,14 +1,14 @@
-"""Agent-RRM judges that run here: the local JAX model (through a rollout engine) and the
-rule-based annotator of the synthetic world. Both implement `judge_many(items) -> [Judgement]`
-like `rrm.remote.RemoteJudge`, so strategies take any of the three.
+"""The Agent-RRM judge that runs here: the local JAX model through a rollout engine. It
+implements `judge_many(items) -> [Judgement]` (`rrm.base.Judge`) like `rrm.remote.RemoteJudge`
+and the synthetic world's `worlds.rrm_annotator.RuleJudge`, so strategies take any of them.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 from reagent_jax import chat
 from reagent_jax.rollout import SamplingParams
-from reagent_jax.rrm.base import JudgeFailure, as_request, failed_judgement
+from reagent_jax.rrm.base import JudgeFailure, JudgeRequest, as_request, failed_judgement
 from reagent_jax.rrm.parser import Judgement, JudgementStats, parse_judgement
 from reagent_jax.rrm.prompt import build_rrm_messages
 
@@ -47,29 +47,8 @@ class LocalJudge:
         return out
 
 
-class RuleJudge:
-    """The synthetic world's rule-based annotator used directly as a judge: a programmatic
-    reference point (and the teacher the tiny local RRM is trained from)."""
-
-    def __init__(self, multi_dim: bool = False):
-        self.multi_dim = multi_dim
-        self.stats = JudgementStats()
-
-    def judge_many(self, items: Sequence[Any], records: Optional[Sequence[dict]] = None) -> list[Judgement]:
-        from reagent_jax.rrm.annotator import annotate
-        if records is None:
-            raise ValueError("RuleJudge needs the question records (with answers) of the trajectories")
-        if len(records) != len(items):
-            raise ValueError(f"RuleJudge: {len(items)} items but {len(records)} records; one record per item")
-        out = [parse_judgement(annotate(rec, as_request(it, i).trajectory, multi_dim=self.multi_dim).text)
-               for i, (it, rec) in enumerate(zip(items, records))]
-        self.stats.update(out)
-        return out
-
-
 def judge_trajectories(judge, trajs) -> list[Judgement]:
-    """Judges agent `Trajectory` objects (question + whole message history, system turn left out)."""
-    items = [(t.question["question"], [m for m in t.messages if m["role"] != "system"]) for t in trajs]
-    if isinstance(judge, RuleJudge):
-        return judge.judge_many(items, records=[t.question for t in trajs])
-    return judge.judge_many(items)
+    """Judges agent `Trajectory` objects (question + whole message history, system turn left out;
+    the question's record rides along for judges that grade against a reference)."""
+    return judge.judge_many([JudgeRequest(t.question["question"], [m for m in t.messages if m["role"] != "system"],
+                                          record=t.question) for t in trajs])

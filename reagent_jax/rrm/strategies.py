@@ -21,10 +21,10 @@ from typing import Optional
 
 import numpy as np
 
+from reagent_jax.rewards import score_trajectory
 from reagent_jax.rrm.judges import judge_trajectories
 from reagent_jax.rrm.parser import JudgementStatus
 from reagent_jax.rrm.prompt import build_refinement_message
-from reagent_jax.trainers.grpo import rule_reward
 
 
 @dataclasses.dataclass
@@ -77,7 +77,7 @@ class ReagentR:
         trajs = loop.run(records, n=n, seed=seed)
         js = judge_trajectories(self.judge, trajs)
         lam = _lam(self.config, step)  # the training step, not a counter here: a resumed run keeps its schedule
-        rule = np.array([rule_reward(t) for t in trajs], np.float32)
+        rule = np.array([score_trajectory(t) for t in trajs], np.float32)
         model = np.array([j.score for j in js], np.float32)
         groups = np.repeat(np.arange(len(records)), n).astype(np.int32)
         m = {"critic/rule_score/mean": float(rule.mean()), "rrm/lambda": lam, **_judge_metrics(js)}
@@ -101,8 +101,8 @@ class ReagentU:
         refined = loop.continue_many([(first[i], [build_refinement_message(js[i].critique)]) for i in todo])
         for i, t in zip(todo, refined):
             t.critique = js[i].critique
-        rule1 = np.array([rule_reward(t) for t in first], np.float32)
-        rule2 = np.array([rule_reward(t) for t in refined], np.float32)
+        rule1 = np.array([score_trajectory(t) for t in first], np.float32)
+        rule2 = np.array([score_trajectory(t) for t in refined], np.float32)
         r1 = rule1 + lam * np.array([j.score for j in js], np.float32)
         r2 = rule2
         if lam and self.config.judge_refined and refined:
@@ -127,10 +127,10 @@ def evaluate_refinement(loop, judge, records, *, greedy: bool = True, seed: int 
     loop.release([t for i, t in enumerate(first) if i not in set(todo)])
     refined = loop.continue_many([(first[i], [build_refinement_message(js[i].critique)]) for i in todo],
                                  greedy=greedy)
-    s1 = np.array([rule_reward(t) for t in first], np.float32)
+    s1 = np.array([score_trajectory(t) for t in first], np.float32)
     s2 = s1.copy()
     for i, t in zip(todo, refined):
-        s2[i] = rule_reward(t)
+        s2[i] = score_trajectory(t)
     return {"attempt1_accuracy": float(s1.mean()), "attempt2_accuracy": float(s2.mean()),
             "refined_frac": len(todo) / max(1, len(first)), "first": first, "refined": refined,
             "judgements": js, **_judge_metrics(js)}

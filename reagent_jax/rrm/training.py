@@ -50,23 +50,6 @@ def sft_conversation(question: str, trajectory: Sequence[dict], judgement_text: 
     return msgs + [{"role": "assistant", "content": judgement_text}]
 
 
-def synthetic_rrm_records(world, tools=None, split: str = "train", flaw_fraction: float = 0.7, seed: int = 0,
-                          system_prompt=None) -> list[dict]:
-    """RRM records on the synthetic world: expert and flawed trajectories, each annotated by the
-    rule-based annotator (think / critique / score) — the Reagent-RRM-SFT schema."""
-    from reagent_jax.agent import envs
-    from reagent_jax.rrm.annotator import annotate
-    out = []
-    for lt in envs.labelled_trajectories(world, split, flaw_fraction=flaw_fraction, seed=seed, tools=tools,
-                                         system_prompt=system_prompt):
-        rec = lt.question.to_record()
-        a = annotate(rec, lt.messages)
-        out.append({"id": f"{rec['id']}/{lt.flaw or 'expert'}", "question": rec["question"], "record": rec,
-                    "trajectory": lt.messages, "think": a.think, "critique": a.critique, "score": a.score,
-                    "text": a.text, "flaw": lt.flaw, "target": 0.0 if lt.flaw else 1.0})
-    return out
-
-
 class RRMCollect:
     """A `run_grpo` strategy that trains the RRM: each record (an RRM prompt with a target) gets n
     sampled judgements; reward = rrm_reward. `loop` only lends its engine and tokenizer."""

@@ -16,19 +16,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from reagent_jax.eval.agent_eval import score_trajectory
 from reagent_jax.models.functional import token_logprobs
 from reagent_jax.rl.advantages import get_advantage_fn
 from reagent_jax.rl.objectives import grpo_objective
+from reagent_jax.rewards import score_trajectory
 from reagent_jax.rl.train_step import OptimizerConfig
 from reagent_jax.trainers.batching import default_buckets, pad_rows
 from reagent_jax.trainers.sft import batch_indices
 from reagent_jax.trainers.stage import StageRunner
 
 log = logging.getLogger(__name__)
-
-
-rule_reward = score_trajectory  # R_rule of one episode: the same scoring the evaluation uses
 
 
 def rollout_metrics(trajs, scores) -> dict:
@@ -50,7 +47,7 @@ class PlainGRPO:
 
     def collect(self, loop, records, n, seed, step: int = 0):
         trajs = loop.run(records, n=n, seed=seed)
-        scores = [rule_reward(t) for t in trajs]
+        scores = [score_trajectory(t) for t in trajs]
         groups = [j for j in range(len(records)) for _ in range(n)]
         return trajs, np.asarray(scores, np.float32), np.asarray(groups, np.int32), {}
 

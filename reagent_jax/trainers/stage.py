@@ -28,7 +28,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import jax
 import numpy as np
 
-from reagent_jax import checkpoint, metrics as metrics_lib, perf
+from reagent_jax import checkpoint, metrics as metrics_lib
+from reagent_jax.metrics import perf
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.flops import train_flops
 from reagent_jax.models.functional import param_shapes, param_shardings

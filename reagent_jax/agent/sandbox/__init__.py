@@ -28,7 +28,6 @@ read, the work dir deleted after, and the sandbox killed with the host (PR_SET_P
 dies mid-call (in process mode, processes the cell forked itself may outlive it).
 """
 
-from reagent_jax.agent.sandbox.bench import sandbox_calls_per_second
 from reagent_jax.agent.sandbox.runner import (
                                               SandboxConfig,
                                               SandboxResult,
@@ -37,5 +36,4 @@ from reagent_jax.agent.sandbox.runner import (
                                               run_python,
 )
 
-__all__ = ["SandboxConfig", "SandboxResult", "namespaces_available", "resolve_isolation", "run_python",
-           "sandbox_calls_per_second"]
+__all__ = ["SandboxConfig", "SandboxResult", "namespaces_available", "resolve_isolation", "run_python"]

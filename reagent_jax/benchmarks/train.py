@@ -1,0 +1,106 @@
+"""Benchmarks of the update path: `train_step` (tokens/s, MFU) and one whole `grpo_step`
+(generation + reference logprobs + reward + update) on a fixed workload."""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from reagent_jax.metrics import perf
+from reagent_jax.models.config import Qwen3Config
+from reagent_jax.models.functional import init_params, token_logprobs
+from reagent_jax.rl.advantages import grpo_advantages
+from reagent_jax.rl.objectives import GRPOObjective
+from reagent_jax.rl.train_step import OptimizerConfig, init_state, make_optimizer, make_train_step
+from reagent_jax.rollout import Engine, SamplingParams
+
+
+def _grpo_batch(cfg, b, t, rng):
+    return {"tokens": rng.integers(0, cfg.vocab_size, (b, t)).astype(np.int32),
+            "attention_mask": np.ones((b, t), np.int32),
+            "loss_mask": np.concatenate([np.zeros((b, t // 2)), np.ones((b, t - t // 2))], 1).astype(np.int32),
+            "old_logprobs": np.full((b, t), -11.0, np.float32), "ref_logprobs": np.full((b, t), -11.0, np.float32),
+            "advantages": rng.normal(size=(b,)).astype(np.float32)}
+
+
+def run_train_step(cfg: Qwen3Config, batch: int = 4, seq_len: int = 512, iters: int = 3, micro_batches: int = 1,
+                   beta: float = 0.04, dtype: str = "float32") -> dict:
+    """Median step time of the GRPO update (policy + KL loss, AdamW) at this shape, and MFU against
+    the machine's measured matmul peak in `dtype` (model FLOPs = 3 x forward FLOPs). Weights and
+    optimizer state are fp32; dtype="bfloat16" computes in bf16."""
+    cfg = cfg.replace(param_dtype="float32", compute_dtype=perf.check_bench_dtype(dtype))
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    opt = make_optimizer(OptimizerConfig(learning_rate=1e-6))
+    step = make_train_step(GRPOObjective(cfg, beta=beta), opt, num_micro_batches=micro_batches)
+    state = init_state(params, opt)
+    b = _grpo_batch(cfg, batch, seq_len, np.random.default_rng(0))
+    holder = {"s": state}
+
+    def one():
+        holder["s"], m = step(holder["s"], b)
+        return m
+
+    times = perf.time_calls(one, iters=iters, warmup=1)
+    peak = perf.matmul_peak_flops(dtype=jnp.dtype(dtype))
+    n_tok = batch * seq_len
+    flops = 3 * cfg.flops_per_token(seq_len) * n_tok
+    t = perf.median(times)
+    return {"shape": dict(hidden=cfg.hidden_size, layers=cfg.num_layers, vocab=cfg.vocab_size, batch=batch,
+                          seq_len=seq_len),
+            "dtype": dtype, "step_s": t, "tokens_per_s": n_tok / t, "model_tflops_per_s": flops / t / 1e12,
+            "machine_matmul_peak_gflops": peak / 1e9, "mfu": flops / t / peak,
+            "peak_memory_gb": perf.peak_memory_bytes() / 1e9}
+
+
+def run_grpo_step(cfg: Qwen3Config, prompts: int = 4, n: int = 4, prompt_len: int = 64, new_tokens: int = 64,
+                  beta: float = 0.04, iters: int = 3, dtype: str = "float32") -> dict:
+    """One full GRPO step, timed by phase: gen (engine), ref (reference logprobs), reward, update;
+    fp32 weights computing in `dtype`."""
+    cfg = cfg.replace(param_dtype="float32", compute_dtype=perf.check_bench_dtype(dtype))
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    ref_params = jax.tree.map(jnp.copy, params)
+    opt = make_optimizer(OptimizerConfig(learning_rate=1e-6))
+    obj = GRPOObjective(cfg, beta=beta, temperature=1.0)
+    step = make_train_step(obj, opt)
+    state = init_state(params, opt)
+    engine = Engine(cfg, state.params, num_slots=prompts * n, max_len=prompt_len + new_tokens + 1,
+                    prefill_chunk=prompt_len, decode_steps=8)
+    rng = np.random.default_rng(0)
+    prompt_ids = [list(rng.integers(0, cfg.vocab_size, prompt_len)) for _ in range(prompts)]
+    ref_fn = jax.jit(lambda p, t, m: token_logprobs(cfg, p, t, m))
+    phases = {"gen": [], "ref": [], "reward": [], "update": []}
+    holder = {"s": state}
+    for it in range(iters + 1):
+        engine.update_params(holder["s"].params)
+        t0 = time.perf_counter()
+        sps = [SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=it * 1000 + k)
+               for k in range(prompts * n)]
+        outs = engine.generate([p for p in prompt_ids for _ in range(n)], sps)
+        t1 = time.perf_counter()
+        toks = np.array([p + o.tokens for p, o in zip([p for p in prompt_ids for _ in range(n)], outs)], np.int32)
+        mask = np.ones_like(toks)
+        ref = np.asarray(ref_fn(ref_params, toks, mask))
+        t2 = time.perf_counter()
+        rewards = np.array([np.mean(np.array(o.tokens) % 2 == 0) for o in outs], np.float32)  # a cheap rule
+        adv = np.asarray(grpo_advantages(jnp.asarray(rewards), jnp.repeat(jnp.arange(prompts), n)).advantages)
+        t3 = time.perf_counter()
+        loss_mask = np.zeros_like(toks)
+        loss_mask[:, prompt_len:] = 1
+        old = np.zeros(toks.shape, np.float32)
+        old[:, prompt_len:] = np.array([o.logprobs for o in outs], np.float32)
+        batch = {"tokens": toks, "attention_mask": mask, "loss_mask": loss_mask, "old_logprobs": old,
+                 "ref_logprobs": ref, "advantages": adv}
+        holder["s"], m = step(holder["s"], batch)
+        jax.block_until_ready(m)
+        t4 = time.perf_counter()
+        if it > 0:  # iteration 0 compiles
+            for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                phases[k].append(v)
+    med = {k: perf.median(v) for k, v in phases.items()}
+    total = sum(med.values())
+    return {"workload": dict(prompts=prompts, n=n, prompt_len=prompt_len, new_tokens=new_tokens, beta=beta,
+                             hidden=cfg.hidden_size, layers=cfg.num_layers, vocab=cfg.vocab_size),
+            "dtype": dtype, "step_s": total, **{f"timing_s/{k}": v for k, v in med.items()},
+            "gen_tokens_per_s": prompts * n * new_tokens / med["gen"]}

@@ -1,0 +1,264 @@
+"""The agent training pipeline behind `launch/train.py` (and the README quickstart):
+
+  random init -> [sft] expert trajectories -> [grpo] RL with the chosen strategy
+  -> held-out accuracy table for every policy, curves PNG, summary JSON.
+
+Agent-RRM stages (run before `grpo` when `rrm.judge == "local"`): [rrm_sft] a tiny RRM learns
+the rule-based annotator's judgements of expert and flawed trajectories; [rrm_grpo] it is
+then trained with the verifiable reward format_ok * (1 - |score - target|).
+
+Each stage saves `workdir/<stage>/final`; a stage that finished is not re-run, and an
+interrupted one resumes from its last checkpoint.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import random
+import time
+from typing import Sequence
+
+from reagent_jax import data, metrics as metrics_lib, worlds
+from reagent_jax.agent import tools
+from reagent_jax.agent.loop import AgentConfig, AgentLoop
+from reagent_jax.endpoints import EndpointConfig
+from reagent_jax.eval.agent_eval import evaluate_agent
+from reagent_jax.parallel import hosts
+from reagent_jax.pipelines.context import load_policy, make_context
+from reagent_jax.rollout import Engine
+from reagent_jax.rrm import strategies, training
+from reagent_jax.rrm.judges import LocalJudge
+from reagent_jax.rrm.remote import RemoteJudge
+from reagent_jax.rrm.strategies import evaluate_refinement
+from reagent_jax.trainers.grpo import run_grpo
+from reagent_jax.trainers.sft import render_examples, run_sft
+from reagent_jax.worlds import rrm_annotator
+
+log = logging.getLogger(__name__)
+
+STAGES = ("rrm_sft", "rrm_grpo", "sft", "grpo")  # the order they run in
+JUDGES = ("rule", "local", "remote")  # config.rrm.judge (`make_judge`)
+
+
+def build_registry(ctx):
+    """The synthetic world's search corpus, or the tools' own env-configured backends."""
+    names = [n.strip() for n in ctx.config.agent.tools.split(",") if n.strip()]
+    if ctx.world is None:
+        return tools.build_registry(names=names)
+    corpus = ctx.world.write_corpus_jsonl(os.path.join(ctx.workdir, "corpus.jsonl"))
+    return tools.build_registry({"search": {"backend": "local", "corpus": corpus}}, names=names)
+
+
+def load_records(ctx) -> tuple[Sequence[dict], list[dict]]:
+    """(train, held-out) question records: the synthetic world, or config.data's files / `tfds:` dataset.
+
+    Training rows stay a random-access source (read per step, never all in memory)."""
+    if ctx.world is not None:
+        return ctx.world.records("train"), ctx.world.records("heldout")[: ctx.config.eval.num_questions]
+    d = ctx.config.data
+    if not d.train_path:
+        raise ValueError("config.data.train_path is required when there is no synthetic world")
+    train = data.open_rows(d.train_path, data.AGENT_RL, data_dir=d.get("data_dir", "") or None)
+    heldout = data.load_benchmark(d.eval_path)[: ctx.config.eval.num_questions] if d.eval_path else []
+    return train, heldout
+
+
+def sft_conversations(ctx, registry, loop, train_records) -> list[list[dict]]:
+    """Expert trajectories of the synthetic world, the worked solutions of the training rows
+    (`data.sft_from="solutions"`: GSM8K-style calculator annotations), or `data.sft_path` rows."""
+    if ctx.world is not None:
+        return expert_conversations(ctx, registry, loop, ctx.world.train)
+    if ctx.config.data.get("sft_from", "") == "solutions":
+        return solution_conversations(ctx, registry, loop, train_records)
+    if not ctx.config.data.sft_path:
+        raise ValueError("the sft stage needs config.data.sft_path (agent SFT JSONL) without a synthetic world")
+    rows = data.open_rows(ctx.config.data.sft_path, data.AGENT_SFT, data_dir=ctx.config.data.get("data_dir", "") or None)
+    return [list(r["messages"]) for r in rows]
+
+
+def expert_conversations(ctx, registry, loop: AgentLoop, questions) -> list[list[dict]]:
+    """Expert trajectories with the real tools' responses and the agent loop's own prompt."""
+    system = loop.config.system_prompt
+    real = worlds.RegistryTools(registry)
+    fraction = ctx.config.sft.get("by_hand_fraction", 0.0)
+    rng = random.Random(ctx.config.seed)
+    by_hand = [rng.random() < fraction for _ in questions]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        return list(pool.map(lambda q, h: worlds.expert_trajectory(ctx.world, q, tools=real, system_prompt=system,
+                                                                 by_hand=h),
+                             questions, by_hand))
+
+
+def solution_conversations(ctx, registry, loop, records) -> list[list[dict]]:
+    """SFT conversations from the first `sft.num_examples` training rows with a worked solution."""
+    real = worlds.RegistryTools(registry)
+    limit = ctx.config.sft.get("num_examples", 0) or len(records)
+    convs, skipped = [], 0
+    for rec in records:
+        if len(convs) >= limit:
+            break
+        conv = worlds.annotated_trajectory(rec, real.python, system_prompt=loop.config.system_prompt)
+        if conv is None:
+            skipped += 1
+        else:
+            convs.append(conv)
+    if skipped:
+        log.warning("SFT: %d training rows have no meta.solution and give no demonstration", skipped)
+    if not convs:
+        raise ValueError("data.sft_from='solutions' but no training row has a worked solution in meta.solution")
+    return convs
+
+
+def make_judge(ctx, registry):
+    """The Agent-RRM judge named by config.rrm.judge: rule | local | remote."""
+    r = ctx.config.rrm
+    if r.judge == "rule":
+        return rrm_annotator.RuleJudge()
+    if r.judge == "remote":
+        return RemoteJudge(EndpointConfig(base_urls=tuple(r.base_urls.split(",")), model=r.model or None))
+    if r.judge != "local":
+        raise ValueError(f"rrm.judge={r.judge!r}; use one of {', '.join(JUDGES)}")
+    stage = "rrm_grpo" if ctx.has_final("rrm_grpo") else "rrm_sft"
+    if not ctx.has_final(stage):
+        raise ValueError("rrm.judge=local needs a trained RRM: add rrm_sft (and rrm_grpo) to config.stages")
+    cfg, params = load_policy(ctx, stage)
+    engine = Engine(cfg, params, num_slots=ctx.config.rollout.num_slots, max_len=r.max_len,
+                    prefill_chunk=ctx.config.rollout.prefill_chunk, mesh=ctx.mesh, tokenizer=ctx.tokenizer)
+    engine.start_background()
+    return LocalJudge(engine, ctx.tokenizer, max_new_tokens=r.max_new_tokens)
+
+
+def make_strategy(ctx, judge):
+    r = ctx.config.rrm
+    return strategies.build(ctx.config.strategy, judge, strategies.RRMConfig(lam=r.lam, refine_below=r.refine_below))
+
+
+def train_rrm(ctx, registry, system_prompt, stage):
+    """rrm_sft / rrm_grpo on annotated synthetic trajectories; returns the RRM params."""
+    c = ctx.config
+    if ctx.world is None:
+        raise ValueError(f"{stage} here trains on the synthetic world's annotated trajectories; for real data "
+                         "annotate trajectories with launch/annotate.py and train the RRM as a separate run")
+    records = rrm_annotator.synthetic_rrm_records(ctx.world, tools=worlds.RegistryTools(registry), seed=c.seed,
+                                             system_prompt=system_prompt)
+    if stage == "rrm_sft":
+        cfg, params = load_policy(ctx, None)
+        convs = [training.sft_conversation(r["question"], r["trajectory"], r["text"]) for r in records]
+        rows = render_examples(ctx.tokenizer, convs, max_len=c.rrm.max_len)
+        return run_sft(ctx, cfg, params, rows, c.rrm_sft, stage="rrm_sft", seed=c.seed)
+    cfg, params = load_policy(ctx, "rrm_sft")
+    engine = Engine(cfg, params, num_slots=c.rollout.num_slots, max_len=c.rrm.max_len,
+                    prefill_chunk=c.rollout.prefill_chunk, mesh=ctx.mesh, tokenizer=ctx.tokenizer)
+
+    class _EngineOnly:  # run_grpo only needs `.engine` from its loop here
+        pass
+    holder = _EngineOnly()
+    holder.engine = engine
+    collect = training.RRMCollect(ctx.tokenizer, max_new_tokens=c.rrm.max_new_tokens)
+    return run_grpo(ctx, cfg, params, holder, records, c.rrm_grpo, strategy=collect, stage="rrm_grpo", seed=c.seed,
+                    max_len=c.rrm.max_len)
+
+
+def _row(name, ev, n=1, extra=None):
+    return {"policy": name, "held-out accuracy": ev["accuracy"], f"pass@{n}": ev["pass_at_n"],
+            "turns": ev["num_turns"], "tool calls": ev["tool_calls"], "gen tokens/s": ev["tokens_per_s"],
+            **(extra or {})}
+
+
+def run(config, workdir: str) -> dict:
+    t_start = time.perf_counter()
+    ctx = make_context(config, workdir)
+    registry = build_registry(ctx)
+    train_records, heldout = load_records(ctx)
+    stages = [s.strip() for s in config.stages.split(",") if s.strip()]
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        raise ValueError(f"unknown stages {sorted(unknown)}; the agent pipeline has {', '.join(STAGES)}")
+
+    # `--config.stages=grpo` on a workdir whose SFT stage finished earlier starts from that policy
+    start_from = "sft" if "sft" not in stages and ctx.has_final("sft") else None
+    cfg, params = load_policy(ctx, start_from)
+    if start_from:
+        log.info("starting from the finished %s stage: %s", start_from, ctx.final_dir(start_from))
+    r = config.rollout
+    engine = Engine(cfg, params, num_slots=r.num_slots, max_len=r.max_len, prefill_chunk=r.prefill_chunk,
+                    decode_steps=r.decode_steps, mesh=ctx.mesh, tokenizer=ctx.tokenizer, seed=config.seed)
+    engine.start_background()
+    a = config.agent
+    tool_names = registry.names
+    agent_cfg = AgentConfig(max_turns=a.max_turns, max_tokens_per_turn=a.max_tokens_per_turn,
+                            temperature=a.temperature, top_p=a.top_p, include_tool_schemas=a.include_tool_schemas,
+                            seed=config.seed, **({"system_prompt": a.system_prompt} if "system_prompt" in a else {}))
+    loop = AgentLoop(engine, ctx.tokenizer, registry, agent_cfg, tool_names=tool_names)
+    eval_loop = AgentLoop(engine, ctx.tokenizer, registry,
+                          AgentConfig(**{**agent_cfg.__dict__, "max_turns": config.eval.max_turns}), tool_names)
+    rows = []
+    try:
+        def evaluate(name):
+            if not heldout:
+                return None
+            n = config.eval.get("n", 1)
+            ev = evaluate_agent(eval_loop, heldout, n=n, greedy=config.eval.greedy, seed=config.seed)
+            rows.append(_row(name, ev, n))
+            log.info("%s: held-out accuracy %.3f", name, ev["accuracy"])
+            if hosts.is_leader():  # every process has every trajectory; one writes them
+                with open(os.path.join(workdir, f"eval_{name}.jsonl"), "w") as f:
+                    for t in ev["trajectories"]:
+                        f.write(json.dumps(t.to_json()) + "\n")
+            return ev
+
+        evaluate(start_from or ("init" if config.model.init_from else "random_init"))
+        judge = None
+        for stage in stages:
+            if stage.startswith("rrm_"):
+                if not ctx.has_final(stage):
+                    train_rrm(ctx, registry, agent_cfg.system_prompt, stage)
+                continue
+            if ctx.has_final(stage):
+                log.info("%s already finished; loading its final params", stage)
+                cfg, params = load_policy(ctx, stage)
+            elif stage == "sft":
+                convs = sft_conversations(ctx, registry, loop, train_records)
+                tools_schema = loop.tool_schemas if a.include_tool_schemas else None
+                examples = render_examples(ctx.tokenizer, convs, tools=tools_schema, max_len=config.sft.max_len)
+                params = run_sft(ctx, cfg, params, examples, config.sft, seed=config.seed)
+            else:
+                strategy = None
+                if config.strategy != "grpo":
+                    judge = judge or make_judge(ctx, registry)
+                    strategy = make_strategy(ctx, judge)
+                params = run_grpo(ctx, cfg, params, loop, train_records, config.grpo, seed=config.seed,
+                                  strategy=strategy, temperature=a.temperature, max_len=r.max_len)
+            engine.update_params(params)
+            evaluate(stage if config.strategy == "grpo" or stage != "grpo" else config.strategy)
+        if (config.strategy == "reagent_c" or config.eval.refinement) and not heldout:
+            log.warning("no held-out questions (config.eval.num_questions / data.eval_path): the Reagent-C "
+                        "refinement evaluation is skipped")
+        elif config.strategy == "reagent_c" or config.eval.refinement:
+            judge = judge or make_judge(ctx, registry)
+            ref = evaluate_refinement(eval_loop, judge, heldout, greedy=config.eval.greedy, seed=config.seed)
+            rows.append({"policy": "attempt 1 (Reagent-C)", "held-out accuracy": ref["attempt1_accuracy"]})
+            rows.append({"policy": "attempt 2 (critique)", "held-out accuracy": ref["attempt2_accuracy"],
+                         "refined": ref["refined_frac"]})
+    finally:
+        engine.stop_background()
+
+    wall = time.perf_counter() - t_start
+    table = (metrics_lib.markdown_table(rows) if rows else
+             "(no held-out evaluation: no questions in data.eval_path / eval.num_questions)")
+    summary = {"table": rows, "wall_s": wall, "engine": engine.stats(), "workdir": workdir}
+    if not hosts.is_leader():
+        return summary
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, default=str)
+    for stage in stages:
+        d = os.path.join(workdir, stage)
+        if os.path.exists(os.path.join(d, metrics_lib.JSONL_NAME)):
+            try:
+                metrics_lib.plot_curves(d, out_png=os.path.join(workdir, f"curves_{stage}.png"))
+            except Exception as e:  # a plot must never fail a finished run
+                log.warning("could not plot %s curves: %s", stage, e)
+    print("\n" + table + f"\n\nwall time: {wall:.1f} s   (workdir: {workdir})")
+    return summary
