@@ -72,11 +72,31 @@ def smollm2_dir():
 
 
 @pytest.fixture(scope="session")
-def uninterrupted_run(tmp_path_factory):
-    """Workdir of the tiny quickstart run uninterrupted on one process with 4 devices: the
-    reference of the resume tests (single- and multi-process)."""
-    ref_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
+def uninterrupted_run(tmp_path_factory, worker_id):
+    """Workdir of the tiny quickstart run (SFT + GRPO) uninterrupted on one process with 4
+    devices: the reference of the resume tests, and a finished SFT stage for tests that start
+    from one. Made once per test session, whichever xdist worker asks first (the others wait on
+    a file lock). Read-only: copy it before running anything in it."""
     import subprocess
+    from filelock import FileLock
     from tests.quickstart_run import cmd, env
-    subprocess.run(cmd(ref_dir), env=env(), check=True, capture_output=True, timeout=900)
+    base = tmp_path_factory.getbasetemp()
+    root = base if worker_id == "master" else base.parent  # the session's directory, shared by the workers
+    ref_dir = root / "uninterrupted" / "run"
+    with FileLock(str(root / "uninterrupted.lock")):
+        if not (ref_dir / "summary.json").exists():
+            subprocess.run(cmd(ref_dir), env=env(), check=True, capture_output=True, timeout=900)
     return ref_dir
+
+
+def copy_run(ref_dir, to, drop_stages=()):
+    """A copy of a finished run's workdir without the given stages (their checkpoints, metrics,
+    evaluations and curves) and without its summary: that run resumed from there."""
+    import shutil
+    shutil.copytree(ref_dir, to)
+    for stage in drop_stages:
+        shutil.rmtree(to / stage, ignore_errors=True)
+        for name in (f"eval_{stage}.jsonl", f"curves_{stage}.png"):
+            (to / name).unlink(missing_ok=True)
+    (to / "summary.json").unlink(missing_ok=True)
+    return to

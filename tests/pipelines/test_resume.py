@@ -22,11 +22,15 @@ import numpy as np
 import pytest
 
 from reagent_jax.metrics import read_metrics
+from tests.conftest import copy_run
 from tests.quickstart_run import COMPARE, cmd as _cmd, env as _env
 
 
 def test_sigkill_mid_grpo_then_resume_matches_uninterrupted(tmp_path, uninterrupted_run):
-    ref_dir, killed_dir = uninterrupted_run, tmp_path / "killed"
+    """The killed run starts from the reference's finished SFT stage (what the resumed run does
+    too), so only GRPO is run twice."""
+    ref_dir = uninterrupted_run
+    killed_dir = copy_run(ref_dir, tmp_path / "killed", drop_stages=("grpo",))
     proc = subprocess.Popen(_cmd(killed_dir), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 900
     grpo = killed_dir / "grpo"

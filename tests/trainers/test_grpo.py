@@ -87,7 +87,8 @@ def _episodes(path):
     return [(r["messages"], r["final_text"]) for r in map(json.loads, open(path))]
 
 
-def test_grpo_stage_alone_continues_from_the_workdirs_sft_with_mini_batches_and_recomputed_logprobs(tmp_path):
+def test_grpo_stage_alone_continues_from_the_workdirs_sft_with_mini_batches_and_recomputed_logprobs(tmp_path,
+                                                                                                  uninterrupted_run):
     """`--config.stages=grpo` after an SFT run starts from sft/final (not random init); two
     updates per step with old logprobs recomputed by the trainer: the first update's ratio is 1
     up to float error (the trainer agrees with itself), so ppo_kl stays tiny but clipping can act.
@@ -95,18 +96,17 @@ def test_grpo_stage_alone_continues_from_the_workdirs_sft_with_mini_batches_and_
     aggregation; the other CLI runs cover the default PPO loss."""
     import json
     import subprocess
-    import sys
 
     from reagent_jax.metrics import read_metrics
-    from tests.pipelines.test_resume import _cmd, _env  # the resume test's tiny run
-    wd = tmp_path / "run"
-    base = [a for a in _cmd(wd) if not a.startswith("--config.grpo.steps")]
-    subprocess.run(base + ["--config.stages=sft"], env=_env(), check=True, capture_output=True, timeout=900)
+    from tests.conftest import copy_run
+    from tests.quickstart_run import cmd, env  # the resume tests' tiny run: its SFT stage is done
+    wd = copy_run(uninterrupted_run, tmp_path / "run", drop_stages=("grpo",))
+    base = [a for a in cmd(wd) if not a.startswith("--config.grpo.steps")]
     sft_eval = _episodes(wd / "eval_sft.jsonl")
     out = subprocess.run(base + ["--config.stages=grpo", "--config.grpo.steps=2", "--config.grpo.mini_batches=2",
                                  "--config.grpo.old_logprobs=recompute", "--config.grpo.questions_per_step=4",
                                  "--config.grpo.policy_loss=gspo", "--config.grpo.loss_agg_mode=seq-mean-token-mean"],
-                         env=_env(), check=True, capture_output=True, text=True, timeout=900)
+                         env=env(), check=True, capture_output=True, text=True, timeout=900)
     assert "starting from the finished sft stage" in out.stderr
     table = json.load(open(wd / "summary.json"))["table"]
     assert [r["policy"] for r in table] == ["sft", "grpo"]
