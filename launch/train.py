@@ -64,8 +64,11 @@ def _run_pipeline(config) -> None:
     elif pipeline == "evalplanner":
         from reagent_jax.pipelines import evalplanner as ep_pipeline
         ep_pipeline.run(config, FLAGS.workdir)
+    elif pipeline == "grpo":
+        from reagent_jax.pipelines import grpo as grpo_pipeline
+        grpo_pipeline.run(config, FLAGS.workdir)
     else:
-        raise ValueError(f"unknown pipeline {pipeline!r}; use 'agent' or 'evalplanner'")
+        raise ValueError(f"unknown pipeline {pipeline!r}; use 'agent', 'evalplanner' or 'grpo'")
 
 
 if __name__ == "__main__":

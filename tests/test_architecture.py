@@ -12,11 +12,12 @@ ROOT = os.path.join(REPO, "reagent_jax")
 
 # A package may import only packages of a lower layer (docs/architecture.md, "Layers").
 LAYERS = (
-    ("cache", "parallel"),
+    ("cache", "parallel", "registry"),
     ("kernels", "metrics", "data", "chat", "endpoints", "rewards"),
     ("models",),
     ("rollout", "rl", "checkpoint"),
-    ("agent", "serve", "trainers"),
+    ("agent", "serve"),
+    ("trainers",),
     ("rrm",),
     ("evalplanner",),
     ("worlds", "eval"),

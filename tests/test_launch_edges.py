@@ -268,7 +268,7 @@ def test_configs_md_lists_real_fields_with_their_defaults():
     """Each table row of docs/configs.md names fields of its config; single values match the defaults."""
     import ast
     sections = {"Agent pipeline": "quickstart", "Paper scale": "qwen3_8b_reagent_u", "EvalPlanner":
-                "evalplanner_quickstart", "Evaluation": "evaluate_example"}
+                "evalplanner_quickstart", "Evaluation": "evaluate_example", "Plain GRPO": "grpo_gsm8k"}
     text = open(os.path.join(REPO, "docs", "configs.md"), encoding="utf-8").read()
     wrong, checked = [], 0
     for section in re.split(r"^## ", text, flags=re.M)[1:]:

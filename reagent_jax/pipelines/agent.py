@@ -18,15 +18,15 @@ import logging
 import os
 import random
 import time
-from typing import Sequence
 
-from reagent_jax import data, metrics as metrics_lib, worlds
+from reagent_jax import data, worlds
 from reagent_jax.agent import tools
 from reagent_jax.agent.loop import AgentConfig, AgentLoop
 from reagent_jax.endpoints import EndpointConfig
 from reagent_jax.eval.agent_eval import evaluate_agent
 from reagent_jax.parallel import hosts
-from reagent_jax.pipelines.context import load_policy, make_context
+from reagent_jax.pipelines.context import load_policy, load_records, make_context, write_summary
+from reagent_jax.registry import Registry
 from reagent_jax.rollout import Engine
 from reagent_jax.rrm import strategies, training
 from reagent_jax.rrm.judges import LocalJudge
@@ -39,7 +39,6 @@ from reagent_jax.worlds import rrm_annotator
 log = logging.getLogger(__name__)
 
 STAGES = ("rrm_sft", "rrm_grpo", "sft", "grpo")  # the order they run in
-JUDGES = ("rule", "local", "remote")  # config.rrm.judge (`make_judge`)
 
 
 def build_registry(ctx):
@@ -49,20 +48,6 @@ def build_registry(ctx):
         return tools.build_registry(names=names)
     corpus = ctx.world.write_corpus_jsonl(os.path.join(ctx.workdir, "corpus.jsonl"))
     return tools.build_registry({"search": {"backend": "local", "corpus": corpus}}, names=names)
-
-
-def load_records(ctx) -> tuple[Sequence[dict], list[dict]]:
-    """(train, held-out) question records: the synthetic world, or config.data's files / `tfds:` dataset.
-
-    Training rows stay a random-access source (read per step, never all in memory)."""
-    if ctx.world is not None:
-        return ctx.world.records("train"), ctx.world.records("heldout")[: ctx.config.eval.num_questions]
-    d = ctx.config.data
-    if not d.train_path:
-        raise ValueError("config.data.train_path is required when there is no synthetic world")
-    train = data.open_rows(d.train_path, data.AGENT_RL, data_dir=d.get("data_dir", "") or None)
-    heldout = data.load_benchmark(d.eval_path)[: ctx.config.eval.num_questions] if d.eval_path else []
-    return train, heldout
 
 
 def sft_conversations(ctx, registry, loop, train_records) -> list[list[dict]]:
@@ -111,15 +96,19 @@ def solution_conversations(ctx, registry, loop, records) -> list[list[dict]]:
     return convs
 
 
-def make_judge(ctx, registry):
-    """The Agent-RRM judge named by config.rrm.judge: rule | local | remote."""
+JUDGES: Registry = Registry("Agent-RRM judge")  # config.rrm.judge -> factory(ctx) -> a `rrm.base.Judge`
+
+
+@JUDGES.register("rule")
+def rule_judge(ctx) -> rrm_annotator.RuleJudge:
+    """The synthetic world's rule-based annotator (needs the question records with answers)."""
+    return rrm_annotator.RuleJudge()
+
+
+@JUDGES.register("local")
+def local_judge(ctx) -> LocalJudge:
+    """The RRM trained by this run's rrm_sft / rrm_grpo stages, on an engine of its own."""
     r = ctx.config.rrm
-    if r.judge == "rule":
-        return rrm_annotator.RuleJudge()
-    if r.judge == "remote":
-        return RemoteJudge(EndpointConfig(base_urls=tuple(r.base_urls.split(",")), model=r.model or None))
-    if r.judge != "local":
-        raise ValueError(f"rrm.judge={r.judge!r}; use one of {', '.join(JUDGES)}")
     stage = "rrm_grpo" if ctx.has_final("rrm_grpo") else "rrm_sft"
     if not ctx.has_final(stage):
         raise ValueError("rrm.judge=local needs a trained RRM: add rrm_sft (and rrm_grpo) to config.stages")
@@ -128,6 +117,18 @@ def make_judge(ctx, registry):
                     prefill_chunk=ctx.config.rollout.prefill_chunk, mesh=ctx.mesh, tokenizer=ctx.tokenizer)
     engine.start_background()
     return LocalJudge(engine, ctx.tokenizer, max_new_tokens=r.max_new_tokens)
+
+
+@JUDGES.register("remote")
+def remote_judge(ctx) -> RemoteJudge:
+    """An Agent-RRM behind OpenAI-compatible endpoints (`rrm.base_urls`, `rrm.model`)."""
+    r = ctx.config.rrm
+    return RemoteJudge(EndpointConfig(base_urls=tuple(r.base_urls.split(",")), model=r.model or None))
+
+
+def make_judge(ctx):
+    """The Agent-RRM judge named by config.rrm.judge (`JUDGES`)."""
+    return JUDGES.get(ctx.config.rrm.judge)(ctx)
 
 
 def make_strategy(ctx, judge):
@@ -142,7 +143,7 @@ def train_rrm(ctx, registry, system_prompt, stage):
         raise ValueError(f"{stage} here trains on the synthetic world's annotated trajectories; for real data "
                          "annotate trajectories with launch/annotate.py and train the RRM as a separate run")
     records = rrm_annotator.synthetic_rrm_records(ctx.world, tools=worlds.RegistryTools(registry), seed=c.seed,
-                                             system_prompt=system_prompt)
+                                                  system_prompt=system_prompt)
     if stage == "rrm_sft":
         cfg, params = load_policy(ctx, None)
         convs = [training.sft_conversation(r["question"], r["trajectory"], r["text"]) for r in records]
@@ -151,13 +152,8 @@ def train_rrm(ctx, registry, system_prompt, stage):
     cfg, params = load_policy(ctx, "rrm_sft")
     engine = Engine(cfg, params, num_slots=c.rollout.num_slots, max_len=c.rrm.max_len,
                     prefill_chunk=c.rollout.prefill_chunk, mesh=ctx.mesh, tokenizer=ctx.tokenizer)
-
-    class _EngineOnly:  # run_grpo only needs `.engine` from its loop here
-        pass
-    holder = _EngineOnly()
-    holder.engine = engine
     collect = training.RRMCollect(ctx.tokenizer, max_new_tokens=c.rrm.max_new_tokens)
-    return run_grpo(ctx, cfg, params, holder, records, c.rrm_grpo, strategy=collect, stage="rrm_grpo", seed=c.seed,
+    return run_grpo(ctx, cfg, params, engine, records, c.rrm_grpo, strategy=collect, stage="rrm_grpo", seed=c.seed,
                     max_len=c.rrm.max_len)
 
 
@@ -227,7 +223,7 @@ def run(config, workdir: str) -> dict:
             else:
                 strategy = None
                 if config.strategy != "grpo":
-                    judge = judge or make_judge(ctx, registry)
+                    judge = judge or make_judge(ctx)
                     strategy = make_strategy(ctx, judge)
                 params = run_grpo(ctx, cfg, params, loop, train_records, config.grpo, seed=config.seed,
                                   strategy=strategy, temperature=a.temperature, max_len=r.max_len)
@@ -237,7 +233,7 @@ def run(config, workdir: str) -> dict:
             log.warning("no held-out questions (config.eval.num_questions / data.eval_path): the Reagent-C "
                         "refinement evaluation is skipped")
         elif config.strategy == "reagent_c" or config.eval.refinement:
-            judge = judge or make_judge(ctx, registry)
+            judge = judge or make_judge(ctx)
             ref = evaluate_refinement(eval_loop, judge, heldout, greedy=config.eval.greedy, seed=config.seed)
             rows.append({"policy": "attempt 1 (Reagent-C)", "held-out accuracy": ref["attempt1_accuracy"]})
             rows.append({"policy": "attempt 2 (critique)", "held-out accuracy": ref["attempt2_accuracy"],
@@ -245,20 +241,4 @@ def run(config, workdir: str) -> dict:
     finally:
         engine.stop_background()
 
-    wall = time.perf_counter() - t_start
-    table = (metrics_lib.markdown_table(rows) if rows else
-             "(no held-out evaluation: no questions in data.eval_path / eval.num_questions)")
-    summary = {"table": rows, "wall_s": wall, "engine": engine.stats(), "workdir": workdir}
-    if not hosts.is_leader():
-        return summary
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2, default=str)
-    for stage in stages:
-        d = os.path.join(workdir, stage)
-        if os.path.exists(os.path.join(d, metrics_lib.JSONL_NAME)):
-            try:
-                metrics_lib.plot_curves(d, out_png=os.path.join(workdir, f"curves_{stage}.png"))
-            except Exception as e:  # a plot must never fail a finished run
-                log.warning("could not plot %s curves: %s", stage, e)
-    print("\n" + table + f"\n\nwall time: {wall:.1f} s   (workdir: {workdir})")
-    return summary
+    return write_summary(workdir, rows, stages, time.perf_counter() - t_start, engine=engine.stats())

@@ -28,8 +28,9 @@ from reagent_jax.models.config import REMAT_POLICIES
 from reagent_jax.parallel import MESH_PRESETS, preset_fits
 from reagent_jax.pipelines.agent import JUDGES as RRM_JUDGES, STAGES as AGENT_STAGES
 from reagent_jax.pipelines.evalplanner import STAGES
+from reagent_jax.rewards import REWARD_FNS
 from reagent_jax.rl import ADVANTAGES, AGG_MODES, DPO_LOSS_TYPES, KL_ESTIMATORS, POLICY_LOSSES
-from reagent_jax.rrm.strategies import STRATEGY_NAMES
+from reagent_jax.rrm.strategies import STRATEGIES
 from reagent_jax.trainers.grpo import OLD_LOGPROBS
 
 TOKENIZER_KINDS = ("checkpoint", "compact", "qwen3")
@@ -38,6 +39,7 @@ FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 EP_DATA_SOURCES = ("synthetic", "jsonl", "math")  # pipelines.evalplanner.load_splits
 CHAIN_SOURCES = ("model", "teacher")
 SCORING_METHODS = ("rule", "llm")
+PIPELINES = ("agent", "evalplanner", "grpo")  # config.pipeline (launch/train.py)
 _MISSING = object()
 
 
@@ -193,7 +195,7 @@ def _has_final(workdir: Optional[str], stage: str) -> bool:
 
 def _agent(p: _Problems, workdir: Optional[str], check_paths: bool) -> None:
     stages = p.names_in("stages", AGENT_STAGES)
-    p.one_of("strategy", STRATEGY_NAMES)
+    p.one_of("strategy", list(STRATEGIES))
     p.names_in("agent.tools", TOOL_NAMES)
     _sampling(p, "agent")
     p.at_least("eval.max_turns", 1)
@@ -216,12 +218,7 @@ def _agent(p: _Problems, workdir: Optional[str], check_paths: bool) -> None:
             p.add("stages", f"{stage} trains on the synthetic world's trajectories; this config has no world")
     if check_paths:
         _data_paths(p, ("data.train_path", "data.sft_path"))
-        eval_path = p.get("data.eval_path", "")
-        if eval_path:
-            try:
-                resolve_benchmark(eval_path)
-            except FileNotFoundError as e:
-                p.add("data.eval_path", str(e))
+        _eval_path(p)
     strategy = p.get("strategy", "grpo")
     reasons = [f"strategy={strategy!r} in the grpo stage"] if "grpo" in stages and strategy != "grpo" else []
     if strategy == "reagent_c" or p.get("eval.refinement", False):  # the final Reagent-C evaluation
@@ -229,7 +226,7 @@ def _agent(p: _Problems, workdir: Optional[str], check_paths: bool) -> None:
     needs_judge, why = bool(reasons), " and ".join(reasons)
     judge = p.get("rrm.judge", "rule")
     if needs_judge:
-        p.one_of("rrm.judge", RRM_JUDGES)
+        p.one_of("rrm.judge", list(RRM_JUDGES))
         if judge == "remote" and not p.get("rrm.base_urls", ""):
             p.add("rrm.base_urls", f"{why} uses the remote Agent-RRM: give its OpenAI-compatible base URL(s) "
                                    "(or set eval.refinement=False / strategy=grpo)")
@@ -240,6 +237,15 @@ def _agent(p: _Problems, workdir: Optional[str], check_paths: bool) -> None:
     if "rrm_sft" in stages or (needs_judge and judge == "local"):
         p.at_least("rrm.max_len", 2)
         p.at_least("rrm.max_new_tokens", 1)
+
+
+def _eval_path(p: _Problems) -> None:
+    """data.eval_path: a benchmark name or file, as `data.load_benchmark` resolves it."""
+    if p.get("data.eval_path", ""):
+        try:
+            resolve_benchmark(p.get("data.eval_path"))
+        except FileNotFoundError as e:
+            p.add("data.eval_path", str(e))
 
 
 def _data_paths(p: _Problems, keys: Sequence[str], comma_lists: bool = False) -> None:
@@ -301,7 +307,7 @@ def check_train_config(config, workdir: Optional[str] = None, *, num_devices: Op
     files and directories the config names to exist (off for checking documented commands)."""
     p = _Problems(config)
     pipeline = p.get("pipeline", "agent")
-    p.one_of("pipeline", ("agent", "evalplanner"))
+    p.one_of("pipeline", PIPELINES)
     _mesh(p, num_devices)
     _model(p, check_paths)
     _rollout(p)
@@ -311,7 +317,31 @@ def check_train_config(config, workdir: Optional[str] = None, *, num_devices: Op
         _agent(p, workdir, check_paths)
     elif pipeline == "evalplanner":
         _evalplanner(p, check_paths)
+    elif pipeline == "grpo":
+        _plain_grpo(p, check_paths)
     p.raise_if_any(f"{pipeline} pipeline")
+
+
+def _plain_grpo(p: _Problems, check_paths: bool) -> None:
+    names = p.names_in("rewards", list(REWARD_FNS))
+    if not names:
+        p.add("rewards", f"name at least one reward function from {', '.join(REWARD_FNS)}")
+    weights = [w for w in str(p.get("reward_weights", "") or "").split(",") if w.strip()]
+    try:
+        [float(w) for w in weights]
+    except ValueError:
+        p.add("reward_weights", "comma-separated numbers, one per reward")
+    else:
+        if weights and len(weights) != len(names):
+            p.add("reward_weights", f"{len(weights)} weights for {len(names)} rewards")
+    p.at_least("prompt.max_new_tokens", 1)
+    p.at_least("eval.num_questions", 0)
+    _grpo(p, "grpo")
+    if not p.get("data.train_path", ""):
+        p.add("data.train_path", "required: the prompts (AGENT_RL schema: question, answer, data_source)")
+    if check_paths:
+        _data_paths(p, ("data.train_path",))
+        _eval_path(p)
 
 
 def _judge(p: _Problems, block: str, check_paths: bool) -> None:

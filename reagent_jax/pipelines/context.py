@@ -6,14 +6,16 @@ final policy in `workdir/<stage>/final` (reagent_jax params), which the next sta
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import jax
 
-from reagent_jax import chat, checkpoint, models, parallel, worlds
+from reagent_jax import chat, checkpoint, data, metrics as metrics_lib, models, parallel, worlds
 from reagent_jax.agent.loop import DEFAULT_SYSTEM_PROMPT, FINAL_STEP_MESSAGE
+from reagent_jax.parallel import hosts
 from reagent_jax.rrm import build_refinement_message, rrm_system_prompt
 
 log = logging.getLogger(__name__)
@@ -143,3 +145,38 @@ def make_context(config, workdir: str) -> RunContext:
     world = build_world(config) if config.get("world") else None
     tok = build_tokenizer(config, workdir, world)
     return RunContext(config=config, workdir=workdir, mesh=mesh, tokenizer=tok, world=world)
+
+
+def load_records(ctx) -> tuple[Sequence[dict], list[dict]]:
+    """(train, held-out) question records: the synthetic world, or config.data's files / `tfds:` dataset.
+
+    Training rows stay a random-access source (read per step, never all in memory)."""
+    if ctx.world is not None:
+        return ctx.world.records("train"), ctx.world.records("heldout")[: ctx.config.eval.num_questions]
+    d = ctx.config.data
+    if not d.train_path:
+        raise ValueError("config.data.train_path is required when there is no synthetic world")
+    train = data.open_rows(d.train_path, data.AGENT_RL, data_dir=d.get("data_dir", "") or None)
+    heldout = data.load_benchmark(d.eval_path)[: ctx.config.eval.num_questions] if d.eval_path else []
+    return train, heldout
+
+
+def write_summary(workdir: str, rows: list[dict], stages, wall: float, **extra) -> dict:
+    """The end of a pipeline run: summary.json (the table of `rows`, wall time, `extra`), the
+    stages' curves as PNG, and the table printed; written by process 0 only."""
+    table = (metrics_lib.markdown_table(rows) if rows else
+             "(no held-out evaluation: no questions in data.eval_path / eval.num_questions)")
+    summary = {"table": rows, "wall_s": wall, **extra, "workdir": workdir}
+    if not hosts.is_leader():
+        return summary
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, default=str)
+    for stage in stages:
+        d = os.path.join(workdir, stage)
+        if os.path.exists(os.path.join(d, metrics_lib.JSONL_NAME)):
+            try:
+                metrics_lib.plot_curves(d, out_png=os.path.join(workdir, f"curves_{stage}.png"))
+            except Exception as e:  # a plot must never fail a finished run
+                log.warning("could not plot %s curves: %s", stage, e)
+    print("\n" + table + f"\n\nwall time: {wall:.1f} s   (workdir: {workdir})")
+    return summary

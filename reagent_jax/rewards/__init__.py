@@ -9,6 +9,7 @@ from reagent_jax.rewards.dispatch import (
     score_trajectory,
     source_kind,
 )
+from reagent_jax.rewards.functions import REWARD_FNS, RewardFn, answer_reward, boxed_reward
 from reagent_jax.rewards.extraction import (
     BoxedAnswer,
     drop_thinking,
@@ -34,6 +35,10 @@ from reagent_jax.rewards.qa import (
 )
 
 __all__ = [
+    "REWARD_FNS",
+    "RewardFn",
+    "answer_reward",
+    "boxed_reward",
     "F1_THRESHOLD",
     "MATH_SOURCES",
     "QA_SOURCES",

@@ -1,6 +1,6 @@
 """RL kernels: group advantages, policy / KL / DPO losses, loss aggregation (pure JAX).
 
-Each kind of block has one registry (`rl/registry.py`): ADVANTAGES, POLICY_LOSSES, KL_ESTIMATORS,
+Each kind of block has one registry (`reagent_jax/registry.py`): ADVANTAGES, POLICY_LOSSES, KL_ESTIMATORS,
 AGG_MODES, DPO_LOSS_TYPES. Configs name an entry; register your own with `@REGISTRY.register(name)`."""
 
 from reagent_jax.rl.advantages import (
@@ -31,7 +31,7 @@ from reagent_jax.rl.policy_loss import (
     ppo_policy_loss,
     register_policy_loss,
 )
-from reagent_jax.rl.registry import Registry
+from reagent_jax.registry import Registry
 
 __all__ = [
     "ADVANTAGES",

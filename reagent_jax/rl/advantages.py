@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from reagent_jax.rl.registry import Registry
+from reagent_jax.registry import Registry
 
 
 class GroupAdvantages(NamedTuple):

@@ -7,7 +7,7 @@ parallelism then change nothing but memory use. When the counts are omitted they
 the batch at hand, which is right only when that batch is the whole batch.
 
 Modes (``m``: loss mask, ``l``: per-token loss, ``i`` sequences, ``t`` tokens), registered in
-``AGG_MODES`` (``rl/registry.py``; register more with ``@AGG_MODES.register("name")``):
+``AGG_MODES`` (``reagent_jax/registry.py``; register more with ``@AGG_MODES.register("name")``):
   token-mean               sum_it l*m / num_tokens
   seq-mean-token-mean      sum_i (sum_t l*m / max(sum_t m, 1)) / num_seqs
   seq-mean-token-sum       sum_it l*m / num_seqs
@@ -33,7 +33,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from reagent_jax.rl.registry import Registry
+from reagent_jax.registry import Registry
 
 ArrayLike = jax.Array | float | int
 

@@ -17,7 +17,7 @@ Inputs are per-pair *sums* of token logprobs over the completion ([B] each). Wit
 ``loss + alpha * chosen_nll``). It is the token-mean NLL of the chosen completions when
 ``chosen_lengths`` is given, else the mean per-sequence NLL.
 
-The losses are registered in ``DPO_LOSS_TYPES`` (``rl/registry.py``); register more with
+The losses are registered in ``DPO_LOSS_TYPES`` (``reagent_jax/registry.py``); register more with
 ``@DPO_LOSS_TYPES.register("name")`` (a function of the two log-ratio vectors, see below).
 
 ``pair_mask`` [B] drops padding pairs from a fixed-shape batch. Losses are summed over the pairs
@@ -35,7 +35,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from reagent_jax.rl.registry import Registry
+from reagent_jax.registry import Registry
 
 # (chosen log-ratios [B], rejected log-ratios [B], *, beta, label_smoothing, chosen_lengths,
 #  rejected_lengths) -> per-pair losses [B]

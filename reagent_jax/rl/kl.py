@@ -10,7 +10,7 @@ k3 clamps ``-d`` to [-20, 20] before ``exp`` (as verl) and is evaluated in float
 are upcast) without cancellation, so its ~d**2/2 value (and gradient ~d) survive for small ``d``
 instead of rounding to 0. Every estimator's output is then clamped to [-clamp, clamp] (default 10;
 verl clamps only k3, the others rarely reach it). The estimators live in the ``KL_ESTIMATORS``
-registry (``rl/registry.py``); register more with ``@KL_ESTIMATORS.register("name")``.
+registry (``reagent_jax/registry.py``); register more with ``@KL_ESTIMATORS.register("name")``.
 
 beta == 0: no KL term, so no reference model is needed at all. ``needs_reference_model(beta)``
 tells the trainer whether to run (or even load) the reference forward; ``kl_penalty`` and
@@ -24,7 +24,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from reagent_jax.rl.registry import Registry
+from reagent_jax.registry import Registry
 
 # d = logp - ref_logp [B, T] float32 -> per-token estimate [B, T] (before the clamp)
 KL_ESTIMATORS: Registry[Callable[[jax.Array], jax.Array]] = Registry("KL estimator")

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from reagent_jax.rl.aggregation import masked_mean
-from reagent_jax.rl.registry import Registry
+from reagent_jax.registry import Registry
 
 
 class PolicyLossOutput(NamedTuple):

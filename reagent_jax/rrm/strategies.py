@@ -21,10 +21,12 @@ from typing import Optional
 
 import numpy as np
 
+from reagent_jax.registry import Registry
 from reagent_jax.rewards import score_trajectory
 from reagent_jax.rrm.judges import judge_trajectories
 from reagent_jax.rrm.parser import JudgementStatus
 from reagent_jax.rrm.prompt import build_refinement_message
+from reagent_jax.trainers.grpo import PlainGRPO
 
 
 @dataclasses.dataclass
@@ -136,15 +138,12 @@ def evaluate_refinement(loop, judge, records, *, greedy: bool = True, seed: int 
             "judgements": js, **_judge_metrics(js)}
 
 
-STRATEGY_NAMES = ("grpo", "reagent_c", "reagent_r", "reagent_u")  # what `build` (and config.strategy) accepts
+STRATEGIES: Registry = Registry("strategy")  # config.strategy -> factory(judge, RRMConfig) -> a run_grpo strategy
+STRATEGIES.register("grpo", "reagent_c")(lambda judge, config: PlainGRPO())  # Reagent-C acts at inference only
+STRATEGIES.register("reagent_r")(ReagentR)
+STRATEGIES.register("reagent_u")(ReagentU)
 
 
 def build(name: str, judge, config: RRMConfig = RRMConfig()):
-    """Strategy for `run_grpo` (None = plain GRPO, also used for reagent_c training)."""
-    if name in ("grpo", "reagent_c"):
-        return None
-    if name == "reagent_r":
-        return ReagentR(judge, config)
-    if name == "reagent_u":
-        return ReagentU(judge, config)
-    raise ValueError(f"unknown strategy {name!r}; use one of {', '.join(STRATEGY_NAMES)}")
+    """The `run_grpo` strategy registered as `name` (`STRATEGIES`), with this judge and config."""
+    return STRATEGIES.get(name)(judge, config)

@@ -17,11 +17,9 @@ from typing import Sequence
 
 import numpy as np
 
-from reagent_jax import chat
-from reagent_jax.agent.trajectory import Trajectory
-from reagent_jax.rollout import SamplingParams
 from reagent_jax.rrm.parser import Judgement, JudgementStats, JudgementStatus, parse_judgement
 from reagent_jax.rrm.prompt import build_rrm_messages
+from reagent_jax.trainers.completions import completion_trajectory, sample_completions
 
 
 def check_target(target: float) -> float:
@@ -59,36 +57,23 @@ class RRMCollect:
         self.tok, self.temperature, self.max_new, self.max_tool_chars = tokenizer, temperature, max_new_tokens, max_tool_chars
         self.stats = JudgementStats()
 
-    def collect(self, loop, records, n, seed, step: int = 0):
-        stop = chat.stop_token_ids(self.tok)
+    def collect(self, rollouts, records, n, seed, step: int = 0):
+        """rollouts: the RRM's engine (or anything with `.engine`)."""
         for j, rec in enumerate(records):  # before any sampling: a bad label must not cost a rollout
             try:
                 check_target(rec.get("target"))
             except ValueError as e:
                 raise ValueError(f"RRM record {rec.get('id', j)!r}: {e}") from None
-        prompts, meta = [], []
-        for j, rec in enumerate(records):
-            msgs = build_rrm_messages(rec["question"], [m for m in rec["trajectory"] if m["role"] != "system"],
-                                      max_tool_chars=self.max_tool_chars)
-            ids = list(chat.render(self.tok, msgs, add_generation_prompt=True, mode="train").ids)
-            for i in range(n):
-                prompts.append(ids)
-                meta.append((j, i))
-        sps = [SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new, stop_token_ids=stop,
-                              seed=(seed * 1_000_003 + k) % (2 ** 31)) for k in range(len(prompts))]
-        results = loop.engine.generate(prompts, sps)
+        prompts = [build_rrm_messages(rec["question"], [m for m in rec["trajectory"] if m["role"] != "system"],
+                                      max_tool_chars=self.max_tool_chars) for rec in records]
+        samples = sample_completions(getattr(rollouts, "engine", rollouts), self.tok, prompts, n,
+                                     temperature=self.temperature, max_new_tokens=self.max_new, seed=seed)
         trajs, scores, format_ok = [], [], []
-        for (j, i), ids, res in zip(meta, prompts, results):
-            text = self.tok.decode(res.tokens, skip_special_tokens=True)
+        for j, i, ids, res, text in samples:
             judgement = parse_judgement(text)
             scores.append(judgement_reward(judgement, records[j]["target"]))
             format_ok.append(judgement.ok)  # not reward > 0: an ok reply can earn 0 (score 0, target 1)
             self.stats.update(judgement)
-            t = Trajectory(question=records[j], messages=[], tokens=ids + list(res.tokens),
-                           loss_mask=[0] * len(ids) + [1] * len(res.tokens),
-                           logprobs=[0.0] * len(ids) + [float(x) for x in res.logprobs], prompt_len=len(ids),
-                           turn_spans=[(len(ids), len(ids) + len(res.tokens))], final_text=text, sample_index=i,
-                           finish_reason="answer" if res.finish_reason == "stop" else "length")
-            trajs.append(t)
-        groups = np.array([j for j, _ in meta], np.int32)
+            trajs.append(completion_trajectory(records[j], ids, res, text, i))
+        groups = np.array([j for j, *_ in samples], np.int32)
         return trajs, np.asarray(scores, np.float32), groups, {"rrm/format_ok_frac": float(np.mean(format_ok))}

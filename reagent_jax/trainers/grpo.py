@@ -1,5 +1,6 @@
-"""Agentic GRPO: rollouts through the engine + agent loop, rule (and optional model) rewards,
-group advantages, the clipped policy-gradient step.
+"""GRPO over any `collect` strategy: agent episodes through the engine + agent loop (rule and
+optional model rewards: `PlainGRPO`, the Reagent strategies), or single-turn completions
+(`trainers.completions`); group advantages, the clipped policy-gradient step.
 
 One step (Reagent-U adds a refinement pass inside `strategy.collect`):
   questions(seed, step) -> n episodes each (engine, tools overlapped) -> rewards -> advantages
@@ -18,8 +19,8 @@ import numpy as np
 
 from reagent_jax.models.functional import token_logprobs
 from reagent_jax.rl.advantages import get_advantage_fn
-from reagent_jax.rl.objectives import grpo_objective
 from reagent_jax.rewards import score_trajectory
+from reagent_jax.rl.objectives import grpo_objective
 from reagent_jax.rl.train_step import OptimizerConfig
 from reagent_jax.trainers.batching import default_buckets, pad_rows
 from reagent_jax.trainers.sft import batch_indices
@@ -116,14 +117,17 @@ def update_batches(rows: list[dict], *, mini_batches: int, micro_batches: int, r
     return out
 
 
-def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strategy=None, stage: str = "grpo",
+def run_grpo(ctx, model_cfg, params, rollouts, records: list[dict], gcfg, *, strategy=None, stage: str = "grpo",
              seed: int = 0, temperature: float = 1.0, max_len: int = 1024, rows_per_step: Optional[int] = None):
-    """GRPO for gcfg.steps steps over `records`; `loop` is an AgentLoop on a running engine.
+    """GRPO for gcfg.steps steps over `records`. `rollouts` is what `strategy.collect` draws
+    episodes from: an AgentLoop on a running engine (agentic strategies), or the engine itself
+    (single-turn strategies: `trainers.completions`, the RRM's); its engine gets each step's weights.
 
     gcfg.mini_batches (default 1) optimizer updates per rollout step; gcfg.old_logprobs "rollout"
     (default: the engine's logprobs, same definition as the trainer's) or "recompute" (the actor's
     logprobs at the start of the step, computed by the trainer before its first update)."""
     strategy = strategy or PlainGRPO()
+    engine = getattr(rollouts, "engine", rollouts)
     mini_batches = int(gcfg.get("mini_batches", 1))
     old_source = gcfg.get("old_logprobs", "rollout")
     if old_source not in OLD_LOGPROBS:
@@ -159,14 +163,14 @@ def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strateg
 
     def batch_fn(step, params_now):
         t0 = time.perf_counter()
-        loop.engine.update_params(params_now)  # the engine's own bf16 / tensor-parallel copy
+        engine.update_params(params_now)  # the engine's own bf16 / tensor-parallel copy
         t_sync = time.perf_counter() - t0
         idx = batch_indices(len(records), gcfg.questions_per_step, step, seed)
         t0 = time.perf_counter()
-        trajs, scores, groups, extra = strategy.collect(loop, [records[i] for i in idx], gcfg.n,
+        trajs, scores, groups, extra = strategy.collect(rollouts, [records[i] for i in idx], gcfg.n,
                                                         seed=seed * 100_003 + step, step=step)
         t_gen = time.perf_counter() - t0
-        loop.engine.free_weights()  # their HBM goes to the update; the next step syncs a new copy
+        engine.free_weights()  # their HBM goes to the update; the next step syncs a new copy
         adv, keep, finite = episode_advantages(adv_fn, trajs, scores, groups, gcfg.drop_equal_reward_groups)
         if not finite.all():
             bad = np.flatnonzero(~finite)
@@ -197,5 +201,5 @@ def run_grpo(ctx, model_cfg, params, loop, records: list[dict], gcfg, *, strateg
         return batches, m
 
     out = runner.run(batch_fn)
-    loop.engine.update_params(out)
+    engine.update_params(out)
     return out

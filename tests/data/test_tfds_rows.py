@@ -152,7 +152,7 @@ def _config(train_path, data_dir):
 
 def test_training_rows_stay_a_random_access_source(built):
     import ml_collections
-    from reagent_jax.pipelines.agent import load_records
+    from reagent_jax.pipelines.context import load_records
     data_dir, paths = built
     ctx = type("Ctx", (), {"world": None, "config": ml_collections.ConfigDict(
         {"data": {"train_path": paths["agent_rl"][1], "eval_path": "", "data_dir": data_dir},

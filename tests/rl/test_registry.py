@@ -1,4 +1,4 @@
-"""The RL registries (rl/registry.py) and the registered policy losses against NumPy references.
+"""The registries (reagent_jax/registry.py) and the registered policy losses against NumPy references.
 
 Every entry of POLICY_LOSSES has a reference here (a test fails when one is registered without
 it); the other registries' entries are checked against NumPy in test_rl_losses.py (KL estimators,

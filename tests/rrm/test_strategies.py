@@ -8,8 +8,8 @@ from reagent_jax.agent import tools
 from reagent_jax.agent.loop import AgentConfig, AgentLoop
 from reagent_jax.rl import grpo_advantages
 from reagent_jax.rrm import strategies
-from reagent_jax.worlds.rrm_annotator import RuleJudge
 from reagent_jax.rrm.training import rrm_reward
+from reagent_jax.worlds.rrm_annotator import RuleJudge
 from tests.scripted_engine import ScriptedEngine
 
 
@@ -91,3 +91,23 @@ def test_reagent_c_reports_both_attempts(setup):
 ])
 def test_rrm_grpo_reward(text, target, want):
     assert rrm_reward(text, target) == pytest.approx(want)
+
+
+def test_strategies_and_judges_are_registries_that_configs_name():
+    """config.strategy and config.rrm.judge name registry entries (`rrm.strategies.STRATEGIES`,
+    `pipelines.agent.JUDGES`); an unknown name lists the registered ones."""
+    from reagent_jax.pipelines.agent import JUDGES
+    from reagent_jax.trainers.grpo import PlainGRPO
+    judge, cfg = RuleJudge(), strategies.RRMConfig(lam=0.2)
+    assert list(strategies.STRATEGIES) == ["grpo", "reagent_c", "reagent_r", "reagent_u"]
+    assert isinstance(strategies.build("grpo", judge), PlainGRPO)
+    assert isinstance(strategies.build("reagent_c", judge), PlainGRPO)  # Reagent-C trains on the rule reward
+    r = strategies.build("reagent_r", judge, cfg)
+    assert isinstance(r, strategies.ReagentR) and r.judge is judge and r.config.lam == 0.2
+    assert isinstance(strategies.build("reagent_u", judge, cfg), strategies.ReagentU)
+    with pytest.raises(ValueError, match=r"unknown strategy 'reagent_x'; registered: \['grpo', 'reagent_c'"):
+        strategies.build("reagent_x", judge)
+    assert list(JUDGES) == ["rule", "local", "remote"]
+    assert isinstance(JUDGES.get("rule")(None), RuleJudge)
+    with pytest.raises(ValueError, match="unknown Agent-RRM judge 'llm'"):
+        JUDGES.get("llm")

@@ -1,8 +1,9 @@
-"""One registry pattern for the RL building blocks (verl's ``register_policy_loss`` /
+"""One registry pattern for every named building block (verl's ``register_policy_loss`` /
 ``register_adv_est``, Tunix's function registry).
 
 Each kind of block (advantage estimators, policy losses, KL estimators, loss aggregation modes,
-DPO losses) has one ``Registry``: configs name an entry, the trainer looks it up, and the config
+DPO losses in `rl`; reward functions in `rewards`; Reagent strategies in `rrm.strategies`;
+Agent-RRM judges in `pipelines.agent`) has one ``Registry``: configs name an entry, the trainer looks it up, and the config
 check lists the registry itself, so a block registered by a user's own module is accepted
 everywhere at once::
 
