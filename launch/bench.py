@@ -34,7 +34,8 @@ flags.DEFINE_integer("iters", 3, "Timed repetitions (median reported).", lower_b
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                   "forward / rollout / train_step / grpo_step: compute dtype (weights stay fp32; the torch "
                   "baselines run under the same dtype, bf16 as autocast). fp32 is the like-for-like CPU default.")
-flags.DEFINE_bool("baseline", True, "Also run the transformers/torch baseline where the mode has one.")
+flags.DEFINE_bool("baseline", True, "Also run the mode's baseline where it has one (transformers/torch; grpo_step: the "
+                  "update with the rematerialised output head).")
 flags.DEFINE_string("json_out", None, "Write the JSON result here too.")
 flags.DEFINE_string("workdir", None, "tools mode: a finished quickstart workdir (its SFT policy drives the "
                     "tool-latency overlap benchmark).")
@@ -60,7 +61,7 @@ def main(argv):
                                       dtype=FLAGS.dtype)
     elif FLAGS.mode == "grpo_step":
         from reagent_jax.benchmarks import train as bench
-        result = bench.run_grpo_step(cfg, iters=FLAGS.iters, dtype=FLAGS.dtype)
+        result = bench.run_grpo_step(cfg, iters=FLAGS.iters, dtype=FLAGS.dtype, baseline=FLAGS.baseline)
     elif FLAGS.mode == "serve":
         from reagent_jax.benchmarks import serve as bench
         result = bench.server_under_load(FLAGS.preset, clients=FLAGS.clients, prompt_len=FLAGS.prompt_len,

@@ -13,7 +13,9 @@ everywhere at once::
     def my_loss(logprobs, old_logprobs, advantages, loss_mask, **clip): ...
 
 A registry is a read-only ``Mapping`` from every name (aliases included) to its entry; ``get``
-raises a ValueError listing the known names.
+raises a ValueError listing the known names. An entry may declare traits the trainer can rely on,
+``register("name", per_token=True)``, read back with ``traits(name)`` (empty when none were
+declared: an undeclared property is never assumed).
 """
 from __future__ import annotations
 
@@ -30,10 +32,11 @@ class Registry(Mapping, Generic[F]):
         self.kind = kind
         self._entries: dict[str, F] = {}
         self._canonical: dict[str, str] = {}
+        self._traits: dict[str, dict[str, object]] = {}
 
-    def register(self, name: str, *aliases: str) -> Callable[[F], F]:
-        """Decorator registering `fn` under `name` (and `aliases`); a name taken by another
-        entry is an error, re-registering the same function is not."""
+    def register(self, name: str, *aliases: str, **traits: object) -> Callable[[F], F]:
+        """Decorator registering `fn` under `name` (and `aliases`) with optional `traits`; a name
+        taken by another entry is an error, re-registering the same function is not."""
         def decorator(fn: F) -> F:
             for key in (name, *aliases):
                 if key in self._entries and self._entries[key] is not fn:
@@ -41,6 +44,7 @@ class Registry(Mapping, Generic[F]):
             for key in (name, *aliases):
                 self._entries[key] = fn
                 self._canonical[key] = name
+            self._traits[name] = dict(traits)
             return fn
         return decorator
 
@@ -55,6 +59,10 @@ class Registry(Mapping, Generic[F]):
         """The name an alias stands for (the name itself for a primary name)."""
         self.get(name)
         return self._canonical[name]
+
+    def traits(self, name: str) -> Mapping[str, object]:
+        """The traits `name`'s entry was registered with (a copy; {} when none)."""
+        return dict(self._traits.get(self.canonical(name), {}))
 
     def __getitem__(self, name: str) -> F:
         return self._entries[name]

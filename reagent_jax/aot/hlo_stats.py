@@ -1,5 +1,5 @@
-"""What a compiled program moves, read from its optimised HLO text: collective bytes by kind and
-copies of large buffers, each counted as often as it executes.
+"""What a compiled program moves and computes, read from its optimised HLO text: collective bytes
+by kind, copies of large buffers and matmul FLOPs, each counted as often as it executes.
 
 XLA's `cost_analysis()` counts a loop body once; here every computation's ops are multiplied by
 the trip counts of the while loops around it (the layer scan, the micro-batch scan, the
@@ -28,6 +28,8 @@ _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*")
 _CALLS = re.compile(r"\b(?:calls|to_apply|body|branch_computations)=\{?%([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _CONST = re.compile(r"constant\((\d+)\)")
+_CONTRACTING = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
+_GEMM_TARGETS = ("reagent_sgemm",)  # the CPU kernels' plain GEMMs (kernels/cpu/gemm.py)
 _ON_CHIP = re.compile(r"\{[^}]*S\(1\)\}")  # a layout that puts an array in VMEM
 
 
@@ -181,3 +183,34 @@ def large_copies(hlo, min_bytes: float) -> list[tuple[str, float, int]]:
             if size >= min_bytes:
                 out.append((ins.name, size, mult))
     return out
+
+
+def _dims(type_text: str) -> list[int]:
+    m = _SHAPE.search(type_text)
+    return [int(d) for d in filter(None, m.group(2).split(","))] if m else []
+
+
+def _count(dims) -> float:
+    n = 1.0
+    for d in dims:
+        n *= d
+    return n
+
+
+def matmul_flops(hlo) -> float:
+    """FLOPs of every `dot` (2 x result elements x contracted size, batch dims included) and of the
+    CPU kernels' GEMM custom calls, loops unrolled by their trip counts: what the program executes
+    in matmuls, rematerialisation included (compare with a model's analytic FLOPs for HFU / MFU)."""
+    comps, entry = parse(hlo)
+    total = 0.0
+    for ins, mult, types in _walk(comps, entry):
+        if ins.op == "dot":
+            lhs = _dims(types.get(_operand_names(ins.args)[0], ""))
+            contracting = _CONTRACTING.search(ins.args)
+            k = _count(lhs[int(i)] for i in filter(None, contracting.group(1).split(","))) if contracting else 1.0
+            total += 2.0 * _count(_dims(ins.type)) * k * mult
+        elif ins.op == "custom-call" and any(f'custom_call_target="{t}"' in ins.args for t in _GEMM_TARGETS):
+            a, b = (_count(_dims(types.get(n, ""))) for n in _operand_names(ins.args)[:2])
+            out = _count(_dims(ins.type))
+            total += 2.0 * out * (a * b / out) ** 0.5 * mult  # [M, K] x [K, N]: a * b / out = K^2
+    return total

@@ -2,14 +2,17 @@
 (generation + reference logprobs + reward + update) on a fixed workload."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from reagent_jax.aot import hlo_stats
 from reagent_jax.metrics import perf
 from reagent_jax.models.config import Qwen3Config
+from reagent_jax.models.flops import train_flops
 from reagent_jax.models.functional import init_params, token_logprobs
 from reagent_jax.rl.advantages import grpo_advantages
 from reagent_jax.rl.objectives import GRPOObjective
@@ -54,24 +57,35 @@ def run_train_step(cfg: Qwen3Config, batch: int = 4, seq_len: int = 512, iters: 
             "peak_memory_gb": perf.peak_memory_bytes() / 1e9}
 
 
+def _update_flops(step, state, batch) -> float:
+    """Matmul FLOPs the compiled update executes (loops unrolled; `hlo_stats.matmul_flops`)."""
+    return hlo_stats.matmul_flops(step.lower(state, batch).compile().as_text())
+
+
 def run_grpo_step(cfg: Qwen3Config, prompts: int = 4, n: int = 4, prompt_len: int = 64, new_tokens: int = 64,
-                  beta: float = 0.04, iters: int = 3, dtype: str = "float32") -> dict:
+                  beta: float = 0.04, iters: int = 3, dtype: str = "float32", baseline: bool = True) -> dict:
     """One full GRPO step, timed by phase: gen (engine), ref (reference logprobs), reward, update;
-    fp32 weights computing in `dtype`."""
+    fp32 weights computing in `dtype`. The update's executed matmul FLOPs (from its compiled HLO)
+    against the model's (3 x forward) give HFU and MFU. With `baseline`, the same update with the
+    rematerialised output head (`fused_head=False`, the path before the fused head) is also timed
+    on every step's batch, from a copy of the same state: `timing_s/update_unfused`."""
     cfg = cfg.replace(param_dtype="float32", compute_dtype=perf.check_bench_dtype(dtype))
     params = init_params(cfg, jax.random.PRNGKey(0))
     ref_params = jax.tree.map(jnp.copy, params)
     opt = make_optimizer(OptimizerConfig(learning_rate=1e-6))
     obj = GRPOObjective(cfg, beta=beta, temperature=1.0)
-    step = make_train_step(obj, opt)
+    steps = {"update": make_train_step(obj, opt)}
+    if baseline:
+        steps["update_unfused"] = make_train_step(dataclasses.replace(obj, fused_head=False), opt)
     state = init_state(params, opt)
     engine = Engine(cfg, state.params, num_slots=prompts * n, max_len=prompt_len + new_tokens + 1,
                     prefill_chunk=prompt_len, decode_steps=8)
     rng = np.random.default_rng(0)
     prompt_ids = [list(rng.integers(0, cfg.vocab_size, prompt_len)) for _ in range(prompts)]
     ref_fn = jax.jit(lambda p, t, m: token_logprobs(cfg, p, t, m))
-    phases = {"gen": [], "ref": [], "reward": [], "update": []}
+    phases = {"gen": [], "ref": [], "reward": [], "update": [], **({"update_unfused": []} if baseline else {})}
     holder = {"s": state}
+    executed = {}
     for it in range(iters + 1):
         engine.update_params(holder["s"].params)
         t0 = time.perf_counter()
@@ -92,15 +106,34 @@ def run_grpo_step(cfg: Qwen3Config, prompts: int = 4, n: int = 4, prompt_len: in
         old[:, prompt_len:] = np.array([o.logprobs for o in outs], np.float32)
         batch = {"tokens": toks, "attention_mask": mask, "loss_mask": loss_mask, "old_logprobs": old,
                  "ref_logprobs": ref, "advantages": adv}
-        holder["s"], m = step(holder["s"], batch)
-        jax.block_until_ready(m)
+        if it == 0:
+            executed = {k: _update_flops(st, holder["s"], batch) for k, st in steps.items()}
+        if baseline:  # the state is donated: the baseline runs on a copy, its result is dropped
+            copy = jax.tree.map(jnp.copy, holder["s"])
+            jax.block_until_ready(copy)
+            tb = time.perf_counter()
+            jax.block_until_ready(steps["update_unfused"](copy, batch))
+            unfused_s = time.perf_counter() - tb
+            del copy
         t4 = time.perf_counter()
+        holder["s"], m = steps["update"](holder["s"], batch)
+        jax.block_until_ready(m)
+        t5 = time.perf_counter()
         if it > 0:  # iteration 0 compiles
-            for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            for k, v in zip(("gen", "ref", "reward", "update"), (t1 - t0, t2 - t1, t3 - t2, t5 - t4)):
                 phases[k].append(v)
+            if baseline:
+                phases["update_unfused"].append(unfused_s)
     med = {k: perf.median(v) for k, v in phases.items()}
-    total = sum(med.values())
+    total = sum(v for k, v in med.items() if k != "update_unfused")
+    model = train_flops(cfg, mask)
+    peak = perf.matmul_peak_flops(dtype=jnp.dtype(dtype))
+    flops = {f"flops/executed_over_model/{k}": v / model for k, v in executed.items()}
+    util = {**{f"hfu/{k}": f / med[k] / peak for k, f in executed.items()},
+            **{f"mfu/{k}": model / med[k] / peak for k in executed}}
     return {"workload": dict(prompts=prompts, n=n, prompt_len=prompt_len, new_tokens=new_tokens, beta=beta,
                              hidden=cfg.hidden_size, layers=cfg.num_layers, vocab=cfg.vocab_size),
             "dtype": dtype, "step_s": total, **{f"timing_s/{k}": v for k, v in med.items()},
-            "gen_tokens_per_s": prompts * n * new_tokens / med["gen"]}
+            **({"update_speedup_over_unfused": med["update_unfused"] / med["update"]} if baseline else {}),
+            "gen_tokens_per_s": prompts * n * new_tokens / med["gen"], "flops/model_update": model, **flops,
+            "machine_matmul_peak_gflops": peak / 1e9, **util}

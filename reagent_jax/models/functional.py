@@ -1,13 +1,14 @@
 """The functional surface over the Qwen3 modules: init, forward, cached forward, token logprobs.
 
 All functions take `(cfg, params, ...)`, are pure, and are jitted with `cfg`, `mesh` and `rules`
-static. Logprobs are computed from hidden states in chunks along time with rematerialisation, so
-neither the forward nor the backward pass ever holds `[B, T, V]` logits for the whole batch.
+static (`token_loss_and_logprobs` runs inside the caller's jit). Logprobs are computed from hidden
+states in chunks along time (`logprob_head`), so neither the forward nor the backward pass ever
+holds `[B, T, V]` logits for the whole batch.
 """
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Any, Optional
 
 import flax.linen as nn
 import jax
@@ -16,8 +17,9 @@ from jax.sharding import Mesh
 
 from reagent_jax.kernels.xla_attention import attention_mask
 from reagent_jax.models.config import Qwen3Config
+from reagent_jax.models.logprob_head import HeadSpec, TokenLossFn, chunked_logprobs, fused_head_loss, head_weight_key
 from reagent_jax.models.qwen3 import Qwen3
-from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain, tree_shardings
+from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, tree_shardings
 
 
 def _boxed_shapes(cfg: Qwen3Config):
@@ -104,67 +106,6 @@ def forward_with_cache(cfg: Qwen3Config, params, tokens: jax.Array, cache, write
                                          slot_ids, return_hidden=return_hidden)
 
 
-def _vocab_parallel_head(cfg: Qwen3Config, params, mesh: Optional[Mesh], rules: Rules):
-    """params with the output projection's weight cast to the compute dtype and split over the
-    vocabulary (`logits_vocab`), once for all chunks: the chunks then all-gather only their
-    hidden rows ([B, C, E], small) instead of the whole head, and the head's gradient stays
-    vocabulary-sharded until it is reduced into the params' layout once. None without a mesh."""
-    if mesh is None or mesh.size == 1:
-        return None
-    key, axes = ("embed", ("logits_vocab", None)) if cfg.tie_word_embeddings else ("lm_head", (None, "logits_vocab"))
-    return {**params, key: constrain(params[key].astype(cfg.jnp_dtype), axes, mesh, rules)}
-
-
-def _chunked_logprobs(cfg, params, h, targets, temperature, chunk_size, mesh, rules, with_entropy):
-    """h [B, T, E], targets [B, T] -> (logprob of targets [B, T], entropy [B, T] or None).
-
-    On a mesh the projection and the log-softmax run vocabulary-parallel (`_vocab_parallel_head`):
-    logits [B, C, V / shards] per chip, the normaliser, target logit and entropy reduced over the
-    vocabulary shards as [B, C] partial sums."""
-    b, t, e = h.shape
-    c = min(chunk_size, t)
-    n = -(-t // c)
-    pad = n * c - t
-    h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
-    targets = jnp.pad(targets, ((0, 0), (0, pad)))
-    hs = h.reshape(b, n, c, e).swapaxes(0, 1)  # [n, B, C, E]
-    ts = targets.reshape(b, n, c).swapaxes(0, 1)  # [n, B, C]
-    model = Qwen3(cfg, mesh, rules)
-    head = _vocab_parallel_head(cfg, params, mesh, rules)
-    head_params = params if head is None else head
-
-    def target_logit(logits, tc):
-        if head is None:
-            return jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
-        # a masked sum reduces over the vocabulary shards; a gather would collect the logits first
-        vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-        return jnp.sum(jnp.where(vocab == tc[..., None], logits, 0.0), axis=-1)
-
-    @jax.checkpoint
-    def one(hc, tc):
-        if head is not None:
-            hc = constrain(hc, ("logits_batch", None, None), mesh, rules)
-        logits = model.apply({"params": head_params}, hc, method=Qwen3.project) / temperature  # [B, C, V]
-        if head is not None:
-            logits = constrain(logits, ("logits_batch", None, "logits_vocab"), mesh, rules)
-        if not with_entropy:
-            lse = jax.nn.logsumexp(logits, axis=-1)
-            return target_logit(logits, tc) - lse, jnp.zeros(tc.shape)
-        # One exp pass feeds both the normaliser and the entropy (H = lse - E_p[logits]).
-        m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-        e = jnp.exp(logits - m)
-        z = jnp.sum(e, axis=-1)
-        lse = m[..., 0] + jnp.log(z)
-        lp = target_logit(logits, tc) - lse
-        ent = jnp.log(z) - jnp.sum(e * (logits - m), axis=-1) / z  # relative to m: no lse-sized cancellation
-        return lp, ent
-
-    lp, ent = jax.lax.map(lambda a: one(*a), (hs, ts))  # [n, B, C]
-    lp = lp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
-    ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]
-    return lp, (ent if with_entropy else None)
-
-
 @functools.partial(jax.jit, static_argnames=("cfg", "chunk_size", "mesh", "rules", "return_entropy"))
 def token_logprobs(cfg: Qwen3Config, params, tokens: jax.Array, attention_mask: Optional[jax.Array] = None,
                    positions: Optional[jax.Array] = None, *, temperature: float = 1.0, chunk_size: int = 256,
@@ -177,12 +118,45 @@ def token_logprobs(cfg: Qwen3Config, params, tokens: jax.Array, attention_mask: 
     predictive distribution at t-1 (aligned the same way). Differentiable; logits are computed
     in chunks of `chunk_size` time steps and rematerialised in the backward pass.
     """
+    spec = HeadSpec(cfg, temperature, chunk_size, mesh, rules, return_entropy)
+    tokens, h = _hidden(cfg, params, tokens, attention_mask, positions, mesh, rules)
+    lp, ent = chunked_logprobs(spec, params[head_weight_key(cfg)], h[:, :-1], tokens[:, 1:])
+    lp = _from_position_1(lp)
+    return (lp, _from_position_1(ent)) if return_entropy else lp
+
+
+def token_loss_and_logprobs(cfg: Qwen3Config, params, tokens: jax.Array, attention_mask: Optional[jax.Array],
+                            token_loss: TokenLossFn, aux: Any = None, *, positions: Optional[jax.Array] = None,
+                            temperature: float = 1.0, chunk_size: int = 256, mesh: Optional[Mesh] = None,
+                            rules: Rules = DEFAULT_RULES, return_entropy: bool = False):
+    """(loss, logprobs [B, T], entropies [B, T] or None) for a loss that is a sum of per-token terms:
+    loss = token_loss(lp, ent, aux) summed over chunks of time, with lp and ent aligned as
+    `token_logprobs` gives them and `aux` a pytree of [B, T, ...] arrays aligned with `tokens` and
+    chunked alongside (old logprobs, advantages, aggregation weights).
+
+    The head's gradient is taken in the forward pass (`logprob_head.fused_head_loss`: 3 output
+    projections per token instead of the rematerialised path's 4), so only `loss` is
+    differentiable: the logprobs and entropies are for metrics and carry no gradient. Call inside
+    `jax.jit` (token_loss is a Python function)."""
+    spec = HeadSpec(cfg, temperature, chunk_size, mesh, rules, return_entropy)
+    tokens, h = _hidden(cfg, params, tokens, attention_mask, positions, mesh, rules)
+    shifted = jax.tree.map(lambda a: a[:, 1:], aux)
+    loss, lp, ent = fused_head_loss(spec, token_loss, h[:, :-1], params[head_weight_key(cfg)], tokens[:, 1:],
+                                    shifted)
+    # Position 0 predicts nothing (logprob and entropy 0); its term is a constant, added for exact values.
+    zero = jnp.zeros((tokens.shape[0], 1), jnp.float32)
+    loss = loss + token_loss(zero, zero if return_entropy else None, jax.tree.map(lambda a: a[:, :1], aux))
+    lp, ent = jax.lax.stop_gradient((_from_position_1(lp), None if ent is None else _from_position_1(ent)))
+    return loss, lp, ent
+
+
+def _hidden(cfg, params, tokens, attention_mask, positions, mesh, rules):
+    """(tokens as int32 [B, T], final hidden states [B, T, E])."""
     tokens, pos, mask = _inputs(tokens, attention_mask, positions)
     h, _ = Qwen3(cfg, mesh, rules).apply({"params": params}, tokens, pos, mask, return_hidden=True)
-    lp, ent = _chunked_logprobs(cfg, params, h[:, :-1], tokens[:, 1:], temperature, chunk_size, mesh, rules,
-                                return_entropy)
-    zero = jnp.zeros((tokens.shape[0], 1), jnp.float32)
-    lp = jnp.concatenate([zero, lp], axis=1)
-    if return_entropy:
-        return lp, jnp.concatenate([zero, ent], axis=1)
-    return lp
+    return tokens, h
+
+
+def _from_position_1(x: jax.Array) -> jax.Array:
+    """Values for positions 1..T-1 [B, T-1] -> [B, T] with position 0 (no context) = 0."""
+    return jnp.concatenate([jnp.zeros((x.shape[0], 1), x.dtype), x], axis=1)

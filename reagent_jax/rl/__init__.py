@@ -20,6 +20,7 @@ from reagent_jax.rl.aggregation import (
     loss_counts,
     masked_mean,
     masked_sum,
+    token_weights,
 )
 from reagent_jax.rl.dpo import DPO_LOSS_TYPES, DPOOutput, dpo_loss
 from reagent_jax.rl.kl import KL_ESTIMATORS, entropy_from_logits, kl_penalty, kl_term, needs_reference_model
@@ -58,6 +59,7 @@ __all__ = [
     "loss_counts",
     "masked_mean",
     "masked_sum",
+    "token_weights",
     "needs_reference_model",
     "ppo_policy_loss",
     "register_advantage",

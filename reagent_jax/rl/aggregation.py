@@ -14,6 +14,9 @@ Modes (``m``: loss mask, ``l``: per-token loss, ``i`` sequences, ``t`` tokens), 
   seq-mean-token-sum-norm  sum_it l*m / (num_seqs * norm_length)      (Dr. GRPO's per-sequence mean)
   token-sum-norm           sum_it l*m / norm_length                   (verl's seq-mean-token-sum-norm)
 
+Every mode here is linear in the per-token losses (trait ``linear=True``): the trainer then folds
+it into per-token weights (`token_weights`) and sums weighted token losses chunk by chunk.
+
 ``norm_length`` defaults to ``T`` (the padded length, as verl's ``loss_scale_factor=None``); set it
 to a constant (e.g. the max response length) when micro-batches are padded to different lengths.
 Where the conventions differ from verl: verl's ``agg_loss("seq-mean-token-sum-norm")`` divides by
@@ -101,30 +104,40 @@ AggregationFn = Callable[[jax.Array, jax.Array, LossCounts, jax.Array], jax.Arra
 AGG_MODES: Registry[AggregationFn] = Registry("loss aggregation mode")
 
 
-@AGG_MODES.register("token-mean")
+@AGG_MODES.register("token-mean", linear=True)
 def token_mean(token_loss, mask, counts: LossCounts, norm_length):
     return masked_sum(token_loss, mask) / jnp.maximum(counts.num_tokens, 1.0)
 
 
-@AGG_MODES.register("seq-mean-token-mean")
+@AGG_MODES.register("seq-mean-token-mean", linear=True)
 def seq_mean_token_mean(token_loss, mask, counts: LossCounts, norm_length):
     seq_len = jnp.sum(mask.astype(jnp.float32), axis=-1)  # [B]
     return jnp.sum(masked_sum(token_loss, mask, axis=-1) / jnp.maximum(seq_len, 1.0)) / jnp.maximum(counts.num_seqs, 1.0)
 
 
-@AGG_MODES.register("seq-mean-token-sum")
+@AGG_MODES.register("seq-mean-token-sum", linear=True)
 def seq_mean_token_sum(token_loss, mask, counts: LossCounts, norm_length):
     return masked_sum(token_loss, mask) / jnp.maximum(counts.num_seqs, 1.0)
 
 
-@AGG_MODES.register("seq-mean-token-sum-norm")
+@AGG_MODES.register("seq-mean-token-sum-norm", linear=True)
 def seq_mean_token_sum_norm(token_loss, mask, counts: LossCounts, norm_length):
     """Dr. GRPO's per-sequence mean of token sums over a constant length."""
     return masked_sum(token_loss, mask) / (jnp.maximum(counts.num_seqs, 1.0) * norm_length)
 
 
-@AGG_MODES.register("token-sum-norm")
+@AGG_MODES.register("token-sum-norm", linear=True)
 def token_sum_norm(token_loss, mask, counts: LossCounts, norm_length):
     """verl's current ``seq-mean-token-sum-norm``: the token sum over its ``loss_scale_factor``
     (``norm_length``) only, not over the sequence count."""
     return masked_sum(token_loss, mask) / norm_length
+
+
+def token_weights(loss_mask: jax.Array, mode: str = "token-mean", **counts) -> jax.Array:
+    """Per-token weights [B, T] with aggregate_loss(l, mask, mode, **counts) == sum(weights * l) for
+    every l: the mode's gradient, exact for the modes registered ``linear=True`` (a ValueError
+    for others). Zero off the mask."""
+    if not AGG_MODES.traits(mode).get("linear"):
+        raise ValueError(f"loss aggregation mode {mode!r} is not registered linear=True; it has no token weights")
+    zeros = jnp.zeros(jnp.shape(loss_mask), jnp.float32)
+    return jax.grad(lambda l: aggregate_loss(l, loss_mask, mode, **counts))(zeros)

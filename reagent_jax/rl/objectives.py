@@ -12,6 +12,11 @@ on the whole batch before splitting it.
 Every objective carries the `mesh` and `rules` its model runs under: without them the model's
 sharding constraints are no-ops and XLA is free to replicate the batch on every chip (no FSDP at
 all). `make_train_step` binds the train state's mesh (`on_mesh`) when the objective has none.
+
+SFT and GRPO (with a policy loss registered ``per_token=True`` and a linear aggregation mode) are
+sums of per-token terms: with ``fused_head`` (default) the output head's gradient is taken chunk by
+chunk in the forward pass (`models.token_loss_and_logprobs`, 3 output projections per token instead
+of 4); ``fused_head=False`` keeps the rematerialised path, which gives the same gradients.
 """
 from __future__ import annotations
 
@@ -22,9 +27,9 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from reagent_jax.models.config import Qwen3Config
-from reagent_jax.models.functional import token_logprobs
+from reagent_jax.models.functional import token_logprobs, token_loss_and_logprobs
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules
-from reagent_jax.rl.aggregation import aggregate_loss, loss_counts, masked_mean
+from reagent_jax.rl.aggregation import AGG_MODES, aggregate_loss, loss_counts, masked_mean, token_weights
 from reagent_jax.rl.dpo import dpo_loss
 from reagent_jax.rl.kl import kl_penalty
 from reagent_jax.rl.policy_loss import POLICY_LOSSES
@@ -92,6 +97,7 @@ class SFTObjective:
     cfg: Qwen3Config
     chunk_size: int = 256
     context_weight: float = 0.0
+    fused_head: bool = True
     mesh: Optional[Mesh] = None
     rules: Rules = DEFAULT_RULES
 
@@ -109,17 +115,25 @@ class SFTObjective:
         return m.at[:, 0].set(0.0)
 
     def loss(self, params, mb, counts):
-        lp = token_logprobs(self.cfg, params, mb["tokens"], mb["attention_mask"], chunk_size=self.chunk_size,
-                            mesh=self.mesh, rules=self.rules)
         mask = mb["loss_mask"].astype(jnp.float32)
+        ctx = self._context_mask(mb) if self.context_weight else None
+        head = dict(chunk_size=self.chunk_size, mesh=self.mesh, rules=self.rules)
+        total = None
+        if self.fused_head:
+            weights = mask / jnp.maximum(counts["num_tokens"], 1.0)  # [B, T]: the loss is -sum(weights * lp)
+            if ctx is not None:
+                weights = weights + self.context_weight * ctx / jnp.maximum(counts["num_context"], 1.0)
+            total, lp, _ = token_loss_and_logprobs(self.cfg, params, mb["tokens"], mb["attention_mask"],
+                                                   lambda lp, ent, w: -jnp.sum(w * lp), weights, **head)
+        else:
+            lp = token_logprobs(self.cfg, params, mb["tokens"], mb["attention_mask"], **head)
         nll = -jnp.sum(lp * mask) / jnp.maximum(counts["num_tokens"], 1.0)
         metrics = {"sft/nll": nll, "sft/num_tokens": jnp.sum(mask)}
-        if not self.context_weight:
-            return nll, metrics
-        ctx = self._context_mask(mb)
+        if ctx is None:
+            return nll if total is None else total, metrics
         ctx_nll = -jnp.sum(lp * ctx) / jnp.maximum(counts["num_context"], 1.0)
         metrics["sft/context_nll"] = ctx_nll
-        return nll + self.context_weight * ctx_nll, metrics
+        return nll + self.context_weight * ctx_nll if total is None else total, metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +157,7 @@ class GRPOObjective:
     temperature: float = 1.0
     entropy_coef: float = 0.0
     chunk_size: int = 256
+    fused_head: bool = True
     mesh: Optional[Mesh] = None
     rules: Rules = DEFAULT_RULES
 
@@ -153,17 +168,49 @@ class GRPOObjective:
         c = loss_counts(batch["loss_mask"])
         return {"num_tokens": c.num_tokens, "num_seqs": c.num_seqs}
 
+    @property
+    def fuses_head(self) -> bool:
+        """Whether the head's gradient is taken in the forward pass: the loss must be per-token."""
+        return (self.fused_head and bool(POLICY_LOSSES.traits(self.policy_loss).get("per_token"))
+                and bool(AGG_MODES.traits(self.loss_agg_mode).get("linear")))
+
+    def _token_terms(self, lp, ent, old_logprobs, advantages, ref_logprobs, mask):
+        """(per-token loss [B, T], the policy loss's output, per-token KL or None) of [B, T] inputs
+        (or [B, C] chunks of them)."""
+        pg = POLICY_LOSSES.get(self.policy_loss)(lp, old_logprobs, advantages, mask, eps_low=self.eps_low,
+                                                 eps_high=self.eps_high, dual_clip_c=self.dual_clip_c)
+        loss, kl = pg.token_loss, None
+        if self.beta:
+            kl = kl_penalty(lp, ref_logprobs, self.kl_kind)
+            loss = loss + self.beta * kl
+        if self.entropy_coef:
+            loss = loss - self.entropy_coef * ent
+        return loss, pg, kl
+
     def loss(self, params, mb, counts):
         mask = mb["loss_mask"].astype(jnp.float32)
-        lp, ent = token_logprobs(self.cfg, params, mb["tokens"], mb["attention_mask"], temperature=self.temperature,
-                                 chunk_size=self.chunk_size, return_entropy=True, mesh=self.mesh, rules=self.rules)
-        pg = POLICY_LOSSES.get(self.policy_loss)(lp, mb["old_logprobs"], mb["advantages"], mask,
-                                                 eps_low=self.eps_low, eps_high=self.eps_high,
-                                                 dual_clip_c=self.dual_clip_c)
-        agg = lambda x: aggregate_loss(x, mask, self.loss_agg_mode, global_num_tokens=counts["num_tokens"],
-                                       global_num_seqs=counts["num_seqs"])
+        agg_counts = dict(global_num_tokens=counts["num_tokens"], global_num_seqs=counts["num_seqs"])
+        agg = lambda x: aggregate_loss(x, mask, self.loss_agg_mode, **agg_counts)
+        adv = jnp.asarray(mb["advantages"], jnp.float32)
+        adv = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, mask.shape)  # [B, T]
+        ref = mb["ref_logprobs"] if self.beta else None
+        head = dict(temperature=self.temperature, chunk_size=self.chunk_size, mesh=self.mesh, rules=self.rules,
+                    return_entropy=True)
+        total = None
+        if self.fuses_head:
+            aux = {"old": mb["old_logprobs"], "adv": adv, "ref": ref, "mask": mask,
+                   "weight": token_weights(mask, self.loss_agg_mode, **agg_counts)}
+
+            def token_loss(lp, ent, a):
+                terms = self._token_terms(lp, ent, a["old"], a["adv"], a["ref"], a["mask"])[0]
+                return jnp.sum(jnp.where(a["mask"] > 0, a["weight"] * terms, 0.0))
+
+            total, lp, ent = token_loss_and_logprobs(self.cfg, params, mb["tokens"], mb["attention_mask"],
+                                                     token_loss, aux, **head)
+        else:
+            lp, ent = token_logprobs(self.cfg, params, mb["tokens"], mb["attention_mask"], **head)
+        _, pg, kl = self._token_terms(lp, ent, mb["old_logprobs"], adv, ref, mask)
         pg_loss = agg(pg.token_loss)
-        total = pg_loss
         local_tokens = jnp.sum(mask)
         w = lambda m: _weighted(m, local_tokens, counts["num_tokens"])
         metrics = {"actor/pg_loss": pg_loss, "actor/entropy": w(masked_mean(ent, mask)),
@@ -171,21 +218,20 @@ class GRPOObjective:
                    "actor/pg_clipfrac_lower": w(pg.metrics["pg_clipfrac_lower"]),
                    "actor/ppo_kl": w(pg.metrics["ppo_kl"])}
         if self.beta:
-            kl = kl_penalty(lp, mb["ref_logprobs"], self.kl_kind)
-            kl_loss = agg(kl)
-            total = total + self.beta * kl_loss
-            metrics["actor/kl_loss"] = kl_loss
-        if self.entropy_coef:
-            total = total - self.entropy_coef * agg(ent)
+            metrics["actor/kl_loss"] = agg(kl)
+        if total is None:
+            total = pg_loss + (self.beta * metrics["actor/kl_loss"] if self.beta else 0.0)
+            total = total - (self.entropy_coef * agg(ent) if self.entropy_coef else 0.0)
         return total, metrics
 
 
 def grpo_objective(cfg: Qwen3Config, block, temperature: float = 1.0) -> GRPOObjective:
     """The GRPOObjective a config's grpo block (a ConfigDict or dict) names; `policy_loss` defaults
-    to "vanilla" for configs written before it existed."""
+    to "vanilla" for configs written before it existed, `fused_head` to True."""
     return GRPOObjective(cfg, policy_loss=block.get("policy_loss", "vanilla"), eps_low=block["eps_low"],
                          eps_high=block["eps_high"], dual_clip_c=block["dual_clip_c"], beta=block["beta"],
-                         kl_kind=block["kl_kind"], loss_agg_mode=block["loss_agg_mode"], temperature=temperature)
+                         kl_kind=block["kl_kind"], loss_agg_mode=block["loss_agg_mode"], temperature=temperature,
+                         fused_head=block.get("fused_head", True))
 
 
 def sequence_logps(cfg: Qwen3Config, params, tokens, attention_mask, loss_mask, chunk_size: int = 256,

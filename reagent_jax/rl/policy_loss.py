@@ -18,6 +18,10 @@ dual_clip_c, log_ratio_clamp) and returns per-token losses (zero off the mask), 
                  (value -A * clip(r), gradient -A * clip(r) * grad logp). MiniMax clips only from
                  above (a large eps_low).
 
+Traits: ``per_token=True`` declares that each token's loss depends on that token's inputs only
+(vanilla, cispo; not gspo): the trainer may then take the output head's gradient chunk by chunk in
+the forward pass (`models.token_loss_and_logprobs`). Register your own loss with it only if true.
+
 Metrics: pg_clipfrac (tokens whose ratio the clip bounds), pg_clipfrac_lower (tokens where the
 dual clip bound is active, vanilla only), ppo_kl = mean(old_logp - logp), the approximate
 KL(old || new). They are means over this (micro-)batch; average them weighted by token counts.
@@ -75,7 +79,7 @@ def _clipped_surrogate(ratio, adv, eps_low, eps_high):
     return jnp.maximum(unclipped, clipped), clipped > unclipped
 
 
-@register_policy_loss("vanilla", "ppo")
+@register_policy_loss("vanilla", "ppo", per_token=True)
 def ppo_policy_loss(
     logprobs: jax.Array,  # [B, T] logprobs of the sampled tokens under the policy being trained
     old_logprobs: jax.Array,  # [B, T] logprobs under the policy that sampled them (no gradient)
@@ -125,7 +129,7 @@ def gspo_policy_loss(logprobs, old_logprobs, advantages, loss_mask, *, eps_low: 
     return PolicyLossOutput(token_loss=jnp.where(mask, loss, 0.0), metrics=metrics)
 
 
-@register_policy_loss("cispo")
+@register_policy_loss("cispo", per_token=True)
 def cispo_policy_loss(logprobs, old_logprobs, advantages, loss_mask, *, eps_low: float = 1.0,
                       eps_high: float = 0.28, dual_clip_c: float | None = None,
                       log_ratio_clamp: float = 20.0) -> PolicyLossOutput:

@@ -228,3 +228,17 @@ def test_hlo_statistics_count_loop_bodies_by_their_trip_counts():
     # staging into VMEM (S(1)) and back is not a second copy in HBM: only `big` counts
     assert hlo_stats.large_copies(HLO, 10_000) == [("big", 64 * 64 * 4, 1)]
     assert hlo_stats.shape_bytes("(bf16[2,3]{1,0}, s32[])") == 2 * 3 * 2 + 4
+
+
+def test_matmul_flops_count_every_executed_dot():
+    """A dot in a 3-trip scan counts 3 times, batch dimensions included."""
+    import jax
+    import jax.numpy as jnp
+
+    def f(a, b, q, k):
+        c = jax.lax.scan(lambda c, _: (c @ b, None), a, None, length=3)[0]
+        return c, jnp.einsum("hqd,hkd->hqk", q, k)
+
+    args = (jnp.ones((16, 32)), jnp.ones((32, 32)), jnp.ones((4, 8, 16)), jnp.ones((4, 8, 16)))
+    text = jax.jit(f).lower(*args).compile().as_text()
+    assert hlo_stats.matmul_flops(text) == 3 * 2 * 16 * 32 * 32 + 2 * 4 * 8 * 8 * 16

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reagent_jax.rl.aggregation import AGG_MODES, aggregate_loss, loss_counts, masked_mean
+from reagent_jax.registry import Registry
+from reagent_jax.rl.aggregation import AGG_MODES, aggregate_loss, loss_counts, masked_mean, token_weights
 from reagent_jax.rl.kl import entropy_from_logits, kl_penalty, kl_term, needs_reference_model
 from reagent_jax.rl.policy_loss import ppo_policy_loss
 
@@ -196,6 +197,28 @@ def test_aggregate_matches_reference(mode):
     assert float(empty) == 0.0
     with pytest.raises(ValueError, match="unknown loss aggregation mode"):
         aggregate_loss(loss, mask, "token-sum")
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_token_weights_reproduce_the_aggregate(mode):
+    """Every built-in mode is linear: its per-token weights (the fused head's form of it) give the
+    same value as the NumPy reference for any token losses, with global counts."""
+    _, _, _, mask = make_batch()
+    loss = np.random.default_rng(10).normal(size=(B, T)).astype(np.float32)
+    counts = dict(global_num_tokens=50.0, global_num_seqs=9.0)
+    weights = np.asarray(token_weights(mask, mode, **counts))
+    assert np.all(weights[~mask] == 0)
+    expected = np_aggregate(np.where(mask, loss, 0.0), mask, mode, 50.0, 9.0, T)
+    np.testing.assert_allclose(np.sum(weights * loss), expected, rtol=1e-5)
+
+
+def test_token_weights_refuse_a_mode_not_declared_linear(monkeypatch):
+    from reagent_jax.rl import aggregation
+    modes = Registry("loss aggregation mode")  # a private registry: the global one stays as it is
+    modes.register("test-squared-mean")(lambda l, m, c, n: jnp.sum(jnp.where(m, l, 0.0) ** 2))
+    monkeypatch.setattr(aggregation, "AGG_MODES", modes)
+    with pytest.raises(ValueError, match="not registered linear=True"):
+        token_weights(np.ones((2, 3), bool), "test-squared-mean")
 
 
 def toy_logprobs(w, feats, tokens):

@@ -27,6 +27,8 @@ def test_a_registry_maps_names_and_aliases_and_names_the_known_ones_on_a_miss():
         reg.register("a")(lambda: 2)
     with pytest.raises(ValueError, match=r"unknown widget 'b'; registered: \['a', 'alias_a'\]"):
         reg.get("b")
+    reg.register("c", "alias_c", per_token=True)(lambda: 3)
+    assert reg.traits("alias_c") == {"per_token": True} and reg.traits("a") == {}
     for registry in (ADVANTAGES, AGG_MODES, DPO_LOSS_TYPES, KL_ESTIMATORS, POLICY_LOSSES):
         with pytest.raises(ValueError, match=f"unknown {registry.kind} 'nope'; registered"):
             registry.get("nope")
