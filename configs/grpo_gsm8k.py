@@ -40,7 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout = ml_collections.ConfigDict(dict(num_slots=16, max_len=512, prefill_chunk=256, decode_steps=8))
     c.grpo = ml_collections.ConfigDict(dict(
         steps=8, questions_per_step=4, n=4, learning_rate=5e-6, warmup_steps=0, beta=0.0, kl_kind="k3",
-        policy_loss="vanilla", eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo",
+        policy_loss="vanilla", fused_head=True, eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo",
         loss_agg_mode="token-mean",
         micro_batches=4, mini_batches=1, old_logprobs="rollout", drop_equal_reward_groups=True, mask_overlong=False,
         max_grad_norm=1.0))

@@ -46,7 +46,7 @@ def get_config() -> ml_collections.ConfigDict:
                                            by_hand_fraction=0.5))
     c.grpo = ml_collections.ConfigDict(dict(
         steps=10, questions_per_step=8, n=8, learning_rate=2e-4, warmup_steps=0, beta=0.0, kl_kind="k3",
-        policy_loss="vanilla", eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo",
+        policy_loss="vanilla", fused_head=True, eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo",
         loss_agg_mode="token-mean",
         micro_batches=2, mini_batches=1, old_logprobs="rollout", drop_equal_reward_groups=True, mask_overlong=False,
         max_grad_norm=1.0))
@@ -58,7 +58,7 @@ def get_config() -> ml_collections.ConfigDict:
                                                warmup_steps=20, max_len=1536))
     c.rrm_grpo = ml_collections.ConfigDict(dict(
         steps=10, questions_per_step=8, n=4, learning_rate=2e-4, warmup_steps=0, beta=0.0, kl_kind="k3",
-        policy_loss="vanilla", eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo",
+        policy_loss="vanilla", fused_head=True, eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo",
         loss_agg_mode="token-mean",
         micro_batches=2, mini_batches=1, old_logprobs="rollout", drop_equal_reward_groups=True, mask_overlong=True,
         max_grad_norm=1.0))

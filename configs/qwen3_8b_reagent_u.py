@@ -58,7 +58,7 @@ def get_config(variant: str = "a800") -> ml_collections.ConfigDict:
                                                prefill_chunk=v["prefill_chunk"], decode_steps=16))
     c.grpo = ml_collections.ConfigDict(dict(
         steps=300, questions_per_step=32, n=8, learning_rate=5e-7, warmup_steps=0, beta=0.0, kl_kind="k3",
-        policy_loss="vanilla", eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo",
+        policy_loss="vanilla", fused_head=True, eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo",
         loss_agg_mode="token-mean",
         micro_batches=v["micro_batches"], mini_batches=1, old_logprobs="rollout", drop_equal_reward_groups=True, mask_overlong=True,
         max_grad_norm=1.0))
