@@ -44,7 +44,8 @@ class Registry(Mapping, Generic[F]):
             for key in (name, *aliases):
                 self._entries[key] = fn
                 self._canonical[key] = name
-            self._traits[name] = dict(traits)
+            if traits or name not in self._traits:  # registering the same function again keeps its traits
+                self._traits[name] = dict(traits)
             return fn
         return decorator
 

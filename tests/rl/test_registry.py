@@ -29,6 +29,8 @@ def test_a_registry_maps_names_and_aliases_and_names_the_known_ones_on_a_miss():
         reg.get("b")
     reg.register("c", "alias_c", per_token=True)(lambda: 3)
     assert reg.traits("alias_c") == {"per_token": True} and reg.traits("a") == {}
+    reg.register("c")(reg.get("c"))  # the same function again keeps its traits
+    assert reg.traits("c") == {"per_token": True}
     for registry in (ADVANTAGES, AGG_MODES, DPO_LOSS_TYPES, KL_ESTIMATORS, POLICY_LOSSES):
         with pytest.raises(ValueError, match=f"unknown {registry.kind} 'nope'; registered"):
             registry.get("nope")
