@@ -57,18 +57,21 @@ def run_train_step(cfg: Qwen3Config, batch: int = 4, seq_len: int = 512, iters: 
             "peak_memory_gb": perf.peak_memory_bytes() / 1e9}
 
 
-def _update_flops(step, state, batch) -> float:
-    """Matmul FLOPs the compiled update executes (loops unrolled; `hlo_stats.matmul_flops`)."""
-    return hlo_stats.matmul_flops(step.lower(state, batch).compile().as_text())
+def _compiled_update(step, state, batch) -> tuple[float, float]:
+    """(matmul FLOPs the compiled update executes, loops unrolled (`hlo_stats.matmul_flops`); its
+    temporary buffers in bytes)."""
+    compiled = step.lower(state, batch).compile()
+    return hlo_stats.matmul_flops(compiled.as_text()), float(compiled.memory_analysis().temp_size_in_bytes)
 
 
 def run_grpo_step(cfg: Qwen3Config, prompts: int = 4, n: int = 4, prompt_len: int = 64, new_tokens: int = 64,
                   beta: float = 0.04, iters: int = 3, dtype: str = "float32", baseline: bool = True) -> dict:
     """One full GRPO step, timed by phase: gen (engine), ref (reference logprobs), reward, update;
     fp32 weights computing in `dtype`. The update's executed matmul FLOPs (from its compiled HLO)
-    against the model's (3 x forward) give HFU and MFU. With `baseline`, the same update with the
-    rematerialised output head (`fused_head=False`, the path before the fused head) is also timed
-    on every step's batch, from a copy of the same state: `timing_s/update_unfused`."""
+    against the model's (3 x forward) give HFU and MFU; `memory/temp_gb` is its compiled
+    temporaries. With `baseline`, the same update with the rematerialised output head
+    (`fused_head=False`, the path before the fused head) is also timed on every step's batch,
+    from a copy of the same state: `timing_s/update_unfused`."""
     cfg = cfg.replace(param_dtype="float32", compute_dtype=perf.check_bench_dtype(dtype))
     params = init_params(cfg, jax.random.PRNGKey(0))
     ref_params = jax.tree.map(jnp.copy, params)
@@ -85,7 +88,7 @@ def run_grpo_step(cfg: Qwen3Config, prompts: int = 4, n: int = 4, prompt_len: in
     ref_fn = jax.jit(lambda p, t, m: token_logprobs(cfg, p, t, m))
     phases = {"gen": [], "ref": [], "reward": [], "update": [], **({"update_unfused": []} if baseline else {})}
     holder = {"s": state}
-    executed = {}
+    compiled = {}
     for it in range(iters + 1):
         engine.update_params(holder["s"].params)
         t0 = time.perf_counter()
@@ -107,7 +110,7 @@ def run_grpo_step(cfg: Qwen3Config, prompts: int = 4, n: int = 4, prompt_len: in
         batch = {"tokens": toks, "attention_mask": mask, "loss_mask": loss_mask, "old_logprobs": old,
                  "ref_logprobs": ref, "advantages": adv}
         if it == 0:
-            executed = {k: _update_flops(st, holder["s"], batch) for k, st in steps.items()}
+            compiled = {k: _compiled_update(st, holder["s"], batch) for k, st in steps.items()}
         if baseline:  # the state is donated: the baseline runs on a copy, its result is dropped
             copy = jax.tree.map(jnp.copy, holder["s"])
             jax.block_until_ready(copy)
@@ -128,12 +131,13 @@ def run_grpo_step(cfg: Qwen3Config, prompts: int = 4, n: int = 4, prompt_len: in
     total = sum(v for k, v in med.items() if k != "update_unfused")
     model = train_flops(cfg, mask)
     peak = perf.matmul_peak_flops(dtype=jnp.dtype(dtype))
-    flops = {f"flops/executed_over_model/{k}": v / model for k, v in executed.items()}
-    util = {**{f"hfu/{k}": f / med[k] / peak for k, f in executed.items()},
-            **{f"mfu/{k}": model / med[k] / peak for k in executed}}
+    flops = {f"flops/executed_over_model/{k}": f / model for k, (f, _) in compiled.items()}
+    temps = {f"memory/temp_gb/{k}": b / 1e9 for k, (_, b) in compiled.items()}
+    util = {**{f"hfu/{k}": f / med[k] / peak for k, (f, _) in compiled.items()},
+            **{f"mfu/{k}": model / med[k] / peak for k in compiled}}
     return {"workload": dict(prompts=prompts, n=n, prompt_len=prompt_len, new_tokens=new_tokens, beta=beta,
                              hidden=cfg.hidden_size, layers=cfg.num_layers, vocab=cfg.vocab_size),
             "dtype": dtype, "step_s": total, **{f"timing_s/{k}": v for k, v in med.items()},
             **({"update_speedup_over_unfused": med["update_unfused"] / med["update"]} if baseline else {}),
             "gen_tokens_per_s": prompts * n * new_tokens / med["gen"], "flops/model_update": model, **flops,
-            "machine_matmul_peak_gflops": peak / 1e9, **util}
+            "machine_matmul_peak_gflops": peak / 1e9, **util, **temps}

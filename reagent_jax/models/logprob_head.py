@@ -10,7 +10,7 @@ sum of *per-token* terms of (logprob, entropy) -- SFT's NLL, GRPO with a per-tok
 KL penalty and an entropy bonus, under a linear aggregation -- each chunk's loss gradient is known
 as soon as its logits are: `fused_head_loss` takes dh and dW right there (Liger's fused linear
 cross-entropy, generalised to any per-token loss through autodiff), 3 matmuls and one pass over the
-logits, and the backward pass only scales them (BENCHMARKS.md: the CPU GRPO update 2.5x faster,
+logits, and the backward pass only scales them (BENCHMARKS.md: the CPU GRPO update 1.6-2.5x faster,
 where the passes over the [T, V] logits, more than the matmuls, were the cost). Sequence-level
 losses (GSPO, DPO) need every chunk's logprobs first and keep the chunked path.
 

@@ -32,6 +32,7 @@ from jax.sharding import Mesh
 from reagent_jax.kernels import fused, kv_layout, logits as logits_kernels
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.functional import forward_with_cache
+from reagent_jax.models.logprob_head import head_weight_key
 from reagent_jax.models.qwen3 import Qwen3
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, constrain
 from reagent_jax.rollout.sampling import CHUNK, inverse_temperature, sample_vocab_major
@@ -83,7 +84,7 @@ def sampling_logits(cfg: Qwen3Config, params, h: jax.Array, mesh: Optional[Mesh]
     `sample_vocab_major`; its chunk `stats` at `inv_temperature` [B] or None). The values are
     the model's (`Qwen3.project`); how they are computed is `kernels.logits.vocab_major`'s."""
     project = lambda: Qwen3(cfg, mesh, rules).apply({"params": params}, h, method=Qwen3.project)  # [B, V]
-    w = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]
+    w = params[head_weight_key(cfg)]
     return logits_kernels.vocab_major(h, w, cfg.tie_word_embeddings, cfg.compute_dtype, project, mesh, rules,
                                       inv_temperature, CHUNK)
 

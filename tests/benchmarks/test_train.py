@@ -13,3 +13,4 @@ def test_grpo_step_bench_reports_the_baseline_and_flops():
         # every matmul of the model is executed at least once; nothing runs 4 projections per token here
         assert 0.9 <= out[f"flops/executed_over_model/{path}"] <= 1.5, out
         assert 0 < out[f"mfu/{path}"] <= out[f"hfu/{path}"] * 1.2
+        assert out[f"memory/temp_gb/{path}"] > 0
