@@ -3,6 +3,9 @@ r"""Throughput benchmarks; prints one JSON object and optionally writes it to --
   python launch/bench.py --mode=forward --preset=bench-512 --batch=4 --seq_len=512
   python launch/bench.py --mode=rollout --preset=bench-256 --batch=16 --prompt_len=64 --new_tokens=64
   python launch/bench.py --mode=train_step --preset=bench-256
+  python launch/bench.py --mode=train_step --preset=qwen3-1.7b --dtype=bfloat16 --attention=auto,xla  # on a GPU
+  python launch/bench.py --mode=decode --preset=qwen3-8b --dtype=bfloat16 --param_dtype=bfloat16 --batch=64 \
+      --min_prompt=256 --prompt_len=4096 --new_tokens=128   # 64 slots of mixed lengths vs the HBM roofline
   python launch/bench.py --mode=grpo_step --preset=bench-256
   python launch/bench.py --mode=tools --workdir=runs/quickstart
   python launch/bench.py --mode=serve --preset=bench-256 --clients=64 --iters=5
@@ -19,7 +22,8 @@ import os
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("mode", "forward", ["forward", "rollout", "train_step", "grpo_step", "tools", "serve", "eval", "data"],
+flags.DEFINE_enum("mode", "forward", ["forward", "rollout", "decode", "decode_kernel", "train_step", "grpo_step", "tools", "serve", "eval",
+                                      "data"],
                   "What to measure.")
 flags.DEFINE_integer("clients", 64, "serve mode: concurrent clients.", lower_bound=1)
 flags.DEFINE_bool("stream", False, "serve mode: stream responses (server-sent events).")
@@ -28,12 +32,23 @@ flags.DEFINE_integer("vocab_size", 0, "serve mode: override the preset's vocabul
 flags.DEFINE_string("preset", "bench-512", "Model shape preset (reagent_jax.models.preset_names()).")
 flags.DEFINE_integer("batch", 4, "Batch size.", lower_bound=1)
 flags.DEFINE_integer("seq_len", 512, "Sequence length (forward / train_step).", lower_bound=1)
-flags.DEFINE_integer("prompt_len", 64, "Prompt tokens (rollout).", lower_bound=1)
+flags.DEFINE_integer("prompt_len", 64, "Prompt tokens (rollout; decode: the longest prompt).", lower_bound=1)
+flags.DEFINE_integer("min_prompt", 32, "decode mode: the shortest prompt (lengths spread evenly up to --prompt_len).",
+                     lower_bound=1)
+flags.DEFINE_integer("decode_steps", 16, "decode mode: decode steps fused per host round trip.", lower_bound=1)
 flags.DEFINE_integer("new_tokens", 64, "Generated tokens (rollout).", lower_bound=1)
 flags.DEFINE_integer("iters", 3, "Timed repetitions (median reported).", lower_bound=1)
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                   "forward / rollout / train_step / grpo_step: compute dtype (weights stay fp32; the torch "
                   "baselines run under the same dtype, bf16 as autocast). fp32 is the like-for-like CPU default.")
+flags.DEFINE_enum("param_dtype", "float32", ["float32", "bfloat16"],
+                  "train_step / decode: weights (and AdamW state) dtype; bfloat16 fits an 8B model's update on one GPU.")
+flags.DEFINE_list("attention", ["auto"], "train_step: attention kernels to time on the same state (the first is the "
+                  "headline, the others baselines: e.g. auto,xla); other modes use the first.")
+flags.DEFINE_list("kv_orders", [""], "decode_kernel: KV cache axis orders to time ('' = the platform's; e.g. "
+                  "lnksd,lnskd).")
+flags.DEFINE_enum("remat", None, ["none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"],
+                  "Override the preset's rematerialisation policy.")
 flags.DEFINE_bool("baseline", True, "Also run the mode's baseline where it has one (transformers/torch; grpo_step: the "
                   "update with the rematerialised output head).")
 flags.DEFINE_string("json_out", None, "Write the JSON result here too.")
@@ -46,7 +61,8 @@ def main(argv):
     if FLAGS.mode == "tools" and FLAGS.workdir and not os.path.isdir(os.path.join(FLAGS.workdir, "sft", "final")):
         raise app.UsageError(f"--workdir={FLAGS.workdir}: not a finished quickstart workdir (no sft/final in it)")
     from reagent_jax import models
-    cfg = models.preset(FLAGS.preset)
+    cfg = models.preset(FLAGS.preset, attention=FLAGS.attention[0],
+                        **({"remat_policy": FLAGS.remat} if FLAGS.remat else {}))
     if FLAGS.mode == "forward":
         from reagent_jax.benchmarks import forward as bench
         result = bench.run(cfg, batch=FLAGS.batch, seq_len=FLAGS.seq_len, iters=FLAGS.iters, with_torch=FLAGS.baseline,
@@ -58,7 +74,18 @@ def main(argv):
     elif FLAGS.mode == "train_step":
         from reagent_jax.benchmarks import train as bench
         result = bench.run_train_step(cfg, batch=FLAGS.batch, seq_len=FLAGS.seq_len, iters=FLAGS.iters,
-                                      dtype=FLAGS.dtype)
+                                      dtype=FLAGS.dtype, param_dtype=FLAGS.param_dtype,
+                                      attentions=tuple(FLAGS.attention))
+    elif FLAGS.mode == "decode_kernel":
+        from reagent_jax.benchmarks import rollout as bench
+        result = bench.decode_kernel(cfg, slots=FLAGS.batch, min_len=FLAGS.min_prompt, max_len=FLAGS.prompt_len,
+                                     steps=FLAGS.decode_steps, iters=FLAGS.iters, dtype=FLAGS.dtype,
+                                     param_dtype=FLAGS.param_dtype, orders=tuple(FLAGS.kv_orders))
+    elif FLAGS.mode == "decode":
+        from reagent_jax.benchmarks import rollout as bench
+        result = bench.mixed_decode(cfg, slots=FLAGS.batch, min_prompt=FLAGS.min_prompt, max_prompt=FLAGS.prompt_len,
+                                    new_tokens=FLAGS.new_tokens, decode_steps=FLAGS.decode_steps, iters=FLAGS.iters,
+                                    dtype=FLAGS.dtype, param_dtype=FLAGS.param_dtype)
     elif FLAGS.mode == "grpo_step":
         from reagent_jax.benchmarks import train as bench
         result = bench.run_grpo_step(cfg, iters=FLAGS.iters, dtype=FLAGS.dtype, baseline=FLAGS.baseline)

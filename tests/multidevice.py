@@ -13,6 +13,7 @@ def run_with_devices(code: str, n: int = 8, timeout: int = 600) -> dict:
     """Executes `code` (which must print one JSON object as its last stdout line); returns it."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n}"
+    env["JAX_PLATFORMS"] = "cpu"  # simulated CPU devices, also on a machine with a GPU
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)

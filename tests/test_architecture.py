@@ -130,7 +130,7 @@ def test_only_the_kernel_seam_chooses_backends():
     for rel in ("models/qwen3.py", "models/functional.py", "rollout/kernels.py", "rollout/engine.py"):
         text = open(os.path.join(ROOT, rel)).read()
         assert "mesh_platform" not in text and "default_backend" not in text, rel
-        assert not any(t.startswith(("reagent_jax.kernels.cpu", "reagent_jax.kernels.tpu"))
+        assert not any(t.startswith(("reagent_jax.kernels.cpu", "reagent_jax.kernels.gpu", "reagent_jax.kernels.tpu"))
                        for t, _ in imports(os.path.join(ROOT, rel))), rel
 
 

@@ -187,7 +187,7 @@ def train_program(name: str, cfg, mesh: Mesh, objective, rows: int, length: int,
     hbm = micro_batches * passes * weights + 24.0 * cfg.num_params() / mesh.size  # weights + AdamW update
     return Program(name, step, (state, batch), {}, 3.0 * sequence_flops(cfg, seqs, length), hbm, link, resident,
                    notes=f"{seqs} sequences x {length} tokens in {micro_batches} micro-batches; remat "
-                         f"{cfg.remat_policy}; attention {attention.choose(cfg.attention, mesh, length)}")
+                         f"{cfg.remat_policy}; attention {attention.choose(cfg.attention, mesh, length, cfg.jnp_dtype, cfg.head_dim)}")
 
 
 def logprob_program(name: str, cfg, mesh: Mesh, rows: int, length: int, resident: dict[str, float]) -> Program:
@@ -197,7 +197,7 @@ def logprob_program(name: str, cfg, mesh: Mesh, rows: int, length: int, resident
     link = 0.0 if ts.batch_shards(mesh) == 1 else _weight_bytes(cfg) + _logprob_gather_bytes(cfg, rows, length, 1)
     return Program(name, fn, (params, tokens, tokens), {}, sequence_flops(cfg, rows, length), _weight_bytes(cfg),
                    link, resident, notes=f"forward only, {rows} x {length} (one micro-batch); attention "
-                                         f"{attention.choose(cfg.attention, mesh, length)}")
+                                         f"{attention.choose(cfg.attention, mesh, length, cfg.jnp_dtype, cfg.head_dim)}")
 
 
 def _sampling(mesh, n):

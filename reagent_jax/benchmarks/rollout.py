@@ -2,6 +2,8 @@
 
   throughput(...)            prefill / decode tokens/s of the engine vs transformers `generate`
   roofline(...)              per-decode-step bound from the machine's FLOP/s and bandwidth
+  mixed_decode(...)          decode of many slots of mixed lengths against the HBM roofline
+  decode_kernel(...)         the fused decode call alone, all slots live, per KV cache axis order
   decode_steps_sweep(...)    tokens/s vs decode steps fused per host round trip
   multi_turn(...)            8-turn trajectories: cache reuse vs re-prefilling the history
   continuous_vs_static(...)  skewed lengths: continuous batching vs static batches
@@ -24,18 +26,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from reagent_jax.metrics import perf
+from reagent_jax.kernels import kv_layout
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.functional import init_params
 from reagent_jax.models.hf_io import save_hf_checkpoint
 from reagent_jax.models.presets import preset
+from reagent_jax.parallel.chips import chip_spec
+from reagent_jax.parallel.mesh import mesh_platform
+from reagent_jax.rollout import kernels
 from reagent_jax.rollout.engine import Engine
 from reagent_jax.rollout.sampling import SamplingParams, sample_vocab_major
 
 
-def _model(cfg: Union[Qwen3Config, str], dtype: str = "float32"):
-    """Random fp32 weights (like the torch baseline) computing in `dtype`, for a config or a preset name."""
+def _model(cfg: Union[Qwen3Config, str], dtype: str = "float32", param_dtype: str = "float32"):
+    """Random weights in `param_dtype` (fp32 like the torch baseline) computing in `dtype`, for a
+    config or a preset name."""
     cfg = preset(cfg) if isinstance(cfg, str) else cfg
-    cfg = cfg.replace(param_dtype="float32", compute_dtype=perf.check_bench_dtype(dtype))
+    cfg = cfg.replace(param_dtype=param_dtype, compute_dtype=perf.check_bench_dtype(dtype))
     return cfg, init_params(cfg, jax.random.PRNGKey(0))
 
 
@@ -56,7 +63,7 @@ def _engine_run(make: Callable[[], Engine], work: Callable[[Engine], object]) ->
     t0 = time.perf_counter()
     out = work(eng)
     wall = time.perf_counter() - t0
-    return {"wall_s": wall, "stats": eng.stats(), "out": out}
+    return {"wall_s": wall, "stats": eng.stats(), "out": out, "decode_windows": eng.decode_windows}
 
 
 def throughput(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prompt_len: int = 64, new_tokens: int = 64,
@@ -162,6 +169,102 @@ def roofline(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prompt
         "decode_step_median_ms": 1e3 * perf.median(t_step),
         "fraction_of_roofline": bound_s / min(t_step),
     }
+
+
+def mixed_decode(cfg: Union[Qwen3Config, str] = "bench-256", slots: int = 16, min_prompt: int = 32,
+                 max_prompt: int = 256, new_tokens: int = 32, decode_steps: int = 16, iters: int = 2,
+                 dtype: str = "float32", param_dtype: str = "float32") -> dict:
+    """The agentic decode shape: `slots` prompts with lengths spread evenly over [min_prompt,
+    max_prompt] decode `new_tokens` greedy tokens together. Decode tokens/s and step time against
+    the step's HBM bound: every weight once at the engine's (compute) dtype plus the KV cache it
+    reads, either the live tokens (each slot up to its own length: a ragged kernel's bytes) or
+    slots x the decode window (the XLA decode's bytes: every slot reads the window of the longest),
+    at the bandwidth of the chip table (`parallel.chips`) or, off it, the measured one."""
+    cfg, params = _model(cfg, dtype, param_dtype)
+    lengths = np.linspace(min_prompt, max_prompt, slots).astype(int)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, cfg.vocab_size, int(n)).tolist() for n in lengths]
+    sp = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
+    max_len = max_prompt + new_tokens
+    make = lambda: Engine(cfg, params, num_slots=slots, max_len=max_len, prefill_chunk=min(512, max_prompt),
+                          max_prefill_rows=min(slots, 8), decode_steps=decode_steps)
+    r = _median_run(lambda: _engine_run(make, lambda e: e.generate(prompts, sp)), iters)
+    st = r["stats"]
+    step_s = st["decode_seconds"] / max(1, st["decode_steps"])
+    size = jnp.dtype(dtype).itemsize
+    kv_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * size  # K and V of one token, all layers
+    live_kv = kv_token * (lengths.sum() + slots * (new_tokens - 1) / 2)  # mean over the decode steps
+    window = min(w for w in r["decode_windows"] if w >= int(lengths.max()) + new_tokens - 1)
+    weights = size * cfg.num_params()
+    spec = chip_spec(jax.devices()[0])
+    measured_bw = perf.memory_bandwidth()
+    bw = spec.hbm_gbps * 1e9 if spec is not None and spec.hbm_gbps else measured_bw
+    bound = {"live": (weights + live_kv) / bw, "window": (weights + kv_token * slots * window) / bw}
+    return {"shape": dict(hidden=cfg.hidden_size, layers=cfg.num_layers, vocab=cfg.vocab_size, slots=slots,
+                          min_prompt=min_prompt, max_prompt=max_prompt, new_tokens=new_tokens,
+                          decode_steps=decode_steps, decode_window=window),
+            "dtype": dtype, "device": jax.devices()[0].device_kind,
+            "decode_tokens_per_s": st["decode_tokens"] / st["decode_seconds"], "decode_step_ms": 1e3 * step_s,
+            "prefill_tokens_per_s": st["prefill_tokens"] / st["prefill_seconds"], "wall_s": r["wall_s"],
+            "bandwidth_gb_s": bw / 1e9, "measured_bandwidth_gb_s": measured_bw / 1e9,
+            "step_gb/weights": weights / 1e9, "step_gb/live_kv": live_kv / 1e9,
+            "step_gb/window_kv": kv_token * slots * window / 1e9,
+            **{f"bound_ms/{k}": 1e3 * v for k, v in bound.items()},
+            **{f"fraction_of_roofline/{k}": v / step_s for k, v in bound.items()},
+            "peak_memory_gb": perf.peak_memory_bytes() / 1e9}
+
+
+def decode_kernel(cfg: Union[Qwen3Config, str] = "bench-256", slots: int = 16, min_len: int = 32,
+                  max_len: int = 256, steps: int = 16, iters: int = 3, dtype: str = "float32",
+                  param_dtype: str = "float32", orders: Sequence[str] = ("",)) -> dict:
+    """`rollout.kernels.decode` alone: one call of `steps` greedy steps with every slot live, the
+    slots' cached lengths spread evenly over [min_len, max_len), over a window of max_len +
+    steps. No prefill or host scheduling in the time (what `mixed_decode` includes). For each
+    KV cache axis order in `orders` ("" = this platform's, `kernels.kv_layout.ORDERS`; e.g.
+    "lnksd" vs "lnskd"), so the layouts can be compared on the machine itself."""
+    cfg, params = _model(cfg, dtype, param_dtype)
+    params = jax.tree.map(lambda x: x.astype(cfg.compute_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                          params)  # what the engine holds
+    window = max_len + steps
+    lengths = jnp.asarray(np.linspace(min_len, max_len - 1, slots).astype(np.int32))
+    ones = jnp.ones(slots, jnp.float32)
+    state = kernels.DecodeState(
+        tokens=jnp.zeros(slots, jnp.int32), lengths=lengths, active=jnp.ones(slots, bool),
+        remaining=jnp.full(slots, steps, jnp.int32),
+        sampling=kernels.Sampling(0 * ones, ones, jnp.zeros(slots, jnp.int32), jnp.arange(slots, dtype=jnp.uint32)),
+        stop_ids=jnp.full((slots, 1), -1, jnp.int32), exit_on_done=jnp.bool_(False))
+    size = jnp.dtype(dtype).itemsize
+    kv_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * size
+    spec = chip_spec(jax.devices()[0])
+    bw = spec.hbm_gbps * 1e9 if spec is not None and spec.hbm_gbps else perf.memory_bandwidth()
+    bound = {"live": (size * cfg.num_params() + kv_token * (float(lengths.sum()) + slots * (steps - 1) / 2)) / bw,
+             "window": (size * cfg.num_params() + kv_token * slots * window) / bw}
+    out = {"shape": dict(hidden=cfg.hidden_size, layers=cfg.num_layers, slots=slots, min_len=min_len,
+                         max_len=max_len, steps=steps, window=window),
+           "dtype": dtype, "device": jax.devices()[0].device_kind, "bandwidth_gb_s": bw / 1e9,
+           **{f"bound_ms/{k}": 1e3 * v for k, v in bound.items()}}
+    platform = mesh_platform(None)
+    default = kv_layout.order(None)
+    for order in orders:
+        order = order or default
+        saved = dict(kv_layout.ORDERS)
+        kv_layout.ORDERS[platform] = order  # read at trace time: each order traces its own program
+        try:
+            holder = {"cache": kernels.init_cache(cfg, slots, window)}
+
+            def call():
+                holder["cache"], tok, _ = kernels.decode(cfg, params, holder["cache"], state, num_steps=steps,
+                                                         window=window, truncation=False)
+                return tok
+
+            t = perf.median(perf.time_calls(call, iters=iters, warmup=1)) / steps
+            del holder
+        finally:
+            kv_layout.ORDERS.clear()
+            kv_layout.ORDERS.update(saved)
+        out.update({f"step_ms/{order}": 1e3 * t, f"tokens_per_s/{order}": slots / t,
+                    **{f"fraction_of_roofline/{k}/{order}": v / t for k, v in bound.items()}})
+    return out
 
 
 def decode_steps_sweep(cfg: Union[Qwen3Config, str] = "bench-256", steps: Sequence[int] = (1, 4, 16), batch: int = 16,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from reagent_jax.aot import hlo_stats
+from reagent_jax.kernels import attention
 from reagent_jax.metrics import perf
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.flops import train_flops
@@ -29,32 +31,43 @@ def _grpo_batch(cfg, b, t, rng):
 
 
 def run_train_step(cfg: Qwen3Config, batch: int = 4, seq_len: int = 512, iters: int = 3, micro_batches: int = 1,
-                   beta: float = 0.04, dtype: str = "float32") -> dict:
-    """Median step time of the GRPO update (policy + KL loss, AdamW) at this shape, and MFU against
-    the machine's measured matmul peak in `dtype` (model FLOPs = 3 x forward FLOPs). Weights and
-    optimizer state are fp32; dtype="bfloat16" computes in bf16."""
-    cfg = cfg.replace(param_dtype="float32", compute_dtype=perf.check_bench_dtype(dtype))
-    params = init_params(cfg, jax.random.PRNGKey(0))
+                   beta: float = 0.04, dtype: str = "float32", param_dtype: str = "float32",
+                   attentions: Sequence[str] = ("auto",)) -> dict:
+    """Median step time of the GRPO update (policy + KL loss, AdamW) at this shape, and MFU (model
+    FLOPs = 3 x forward FLOPs) against the machine's measured matmul peak in `dtype` and, on a
+    chip `parallel.chips` lists, its datasheet bf16 peak. Weights and optimizer state are in
+    `param_dtype` (fp32 as in training; bf16 halves them, to fit an 8B model's AdamW on one
+    GPU); the model computes in `dtype`. Each attention kernel in `attentions` (`auto` first,
+    then e.g. `xla` as the baseline) is timed on the same state; figures per kernel."""
+    cfg = cfg.replace(param_dtype=param_dtype, compute_dtype=perf.check_bench_dtype(dtype))
     opt = make_optimizer(OptimizerConfig(learning_rate=1e-6))
-    step = make_train_step(GRPOObjective(cfg, beta=beta), opt, num_micro_batches=micro_batches)
-    state = init_state(params, opt)
+    holder = {"s": init_state(init_params(cfg, jax.random.PRNGKey(0)), opt)}
     b = _grpo_batch(cfg, batch, seq_len, np.random.default_rng(0))
-    holder = {"s": state}
-
-    def one():
-        holder["s"], m = step(holder["s"], b)
-        return m
-
-    times = perf.time_calls(one, iters=iters, warmup=1)
-    peak = perf.matmul_peak_flops(dtype=jnp.dtype(dtype))
+    peak, datasheet = perf.matmul_peak_flops(dtype=jnp.dtype(dtype)), perf.datasheet_peak_flops()
     n_tok = batch * seq_len
     flops = 3 * cfg.flops_per_token(seq_len) * n_tok
-    t = perf.median(times)
-    return {"shape": dict(hidden=cfg.hidden_size, layers=cfg.num_layers, vocab=cfg.vocab_size, batch=batch,
-                          seq_len=seq_len),
-            "dtype": dtype, "step_s": t, "tokens_per_s": n_tok / t, "model_tflops_per_s": flops / t / 1e12,
-            "machine_matmul_peak_gflops": peak / 1e9, "mfu": flops / t / peak,
-            "peak_memory_gb": perf.peak_memory_bytes() / 1e9}
+    out = {"shape": dict(hidden=cfg.hidden_size, layers=cfg.num_layers, vocab=cfg.vocab_size, batch=batch,
+                         seq_len=seq_len, remat=cfg.remat_policy),
+           "dtype": dtype, "param_dtype": param_dtype, "device": jax.devices()[0].device_kind,
+           "machine_matmul_peak_gflops": peak / 1e9, "model_tflop_per_step": flops / 1e12}
+    for impl in attentions:
+        c = cfg.replace(attention=impl)
+        step = make_train_step(GRPOObjective(c, beta=beta), opt, num_micro_batches=micro_batches)
+
+        def one():
+            holder["s"], m = step(holder["s"], b)
+            return m
+
+        t = perf.median(perf.time_calls(one, iters=iters, warmup=1))
+        kernel = attention.choose(impl, None, seq_len, c.jnp_dtype, c.head_dim)
+        key = "" if impl == attentions[0] else f"/{impl}"
+        out.update({f"attention{key}": kernel, f"step_s{key}": t, f"tokens_per_s{key}": n_tok / t,
+                    f"model_tflops_per_s{key}": flops / t / 1e12, f"mfu{key}": flops / t / peak,
+                    **({f"mfu_vs_datasheet{key}": flops / t / datasheet} if datasheet else {})})
+        if key:
+            out[f"speedup_over{key}"] = t / out["step_s"]
+    out["peak_memory_gb"] = perf.peak_memory_bytes() / 1e9
+    return out
 
 
 def _compiled_update(step, state, batch) -> tuple[float, float]:

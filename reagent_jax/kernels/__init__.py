@@ -9,6 +9,7 @@ backend branches of their own.
   xla_attention.py  attention through XLA, every backend
   kv_layout.py      the KV cache's axis order per backend and how new K/V are written into it
   tpu/              Pallas: splash attention, ragged decode attention
+  gpu/              cuDNN flash attention (training and scoring)
   cpu/              C++ custom calls: OpenBLAS GEMM, the decode projection, the fused decode layers
 
 The package imports only `parallel` below it: kernels take a model config as a plain object.

@@ -5,7 +5,9 @@ Cache-free causal attention (training, scoring, reference logprobs), by `choose`
 
   xla     `xla_attention.causal_attention`: causal query blocks through XLA (every backend)
   splash  TPU splash attention (`tpu.splash`); off TPU in Pallas interpret mode (tests only)
-  auto    splash on a TPU mesh when the length is a multiple of 128, else xla
+  cudnn   cuDNN flash attention on NVIDIA GPUs (`gpu.cudnn`), bf16/fp16 compute
+  auto    splash on a TPU mesh when the length is a multiple of 128, cudnn on a GPU mesh when
+          cuDNN takes the compute dtype and head dim, else xla
 
 One-token decode over the KV cache, by `choose_decode`:
 
@@ -21,25 +23,38 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from reagent_jax.kernels import xla_attention
+from reagent_jax.kernels.gpu import cudnn
 from reagent_jax.kernels.tpu import ragged_decode, splash
 from reagent_jax.parallel.mesh import mesh_platform
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules
 
-ATTENTION_IMPLS = ("auto", "xla", "splash")
+ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")
 
 
-def choose(impl: str, mesh: Optional[Mesh], length: int) -> str:
-    """The kernel ("xla" or "splash") that runs causal attention over `length` tokens on `mesh`."""
+def choose(impl: str, mesh: Optional[Mesh], length: int, dtype=jnp.bfloat16, head_dim: int = 128) -> str:
+    """The kernel ("xla", "splash" or "cudnn") that runs causal attention over `length` tokens
+    computing in `dtype` with heads of `head_dim` on `mesh`."""
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"attention={impl!r}; choose one of {ATTENTION_IMPLS}")
+    platform = mesh_platform(mesh)
     if impl == "auto":
-        return "splash" if mesh_platform(mesh) == "tpu" and length % 128 == 0 else "xla"
+        if platform == "tpu" and length % 128 == 0:
+            return "splash"
+        if platform == "gpu" and cudnn.supports(dtype, head_dim) is None:
+            return "cudnn"
+        return "xla"
     if impl == "splash" and length % 128:
         raise ValueError(f"attention='splash' needs a length that is a multiple of 128, got {length} "
                          "(bucket the sequence lengths, or use attention='auto')")
+    if impl == "cudnn":
+        why = (f"it runs on NVIDIA GPUs, and this program runs on {platform}" if platform != "gpu"
+               else cudnn.supports(dtype, head_dim))
+        if why:
+            raise ValueError(f"attention='cudnn': {why} (use attention='auto' to fall back to xla)")
     return impl
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -35,17 +35,21 @@ def median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 
 
-def matmul_peak_flops(n: int = 2048, dtype=jnp.float32, iters: int = 5) -> float:
+def matmul_peak_flops(n: Optional[int] = None, dtype=jnp.float32, iters: int = 5) -> float:
     """Median FLOP/s of an [n, n] x [n, n] matmul on the default device, accumulating in fp32
-    (XLA:CPU's bf16 matmul with a bf16 output is ~5x slower than with an fp32 one)."""
-    a = jnp.ones((n, n), dtype)
-    b = jnp.ones((n, n), dtype) * 0.5
+    (XLA:CPU's bf16 matmul with a bf16 output is ~5x slower than with an fp32 one). n defaults
+    to 2048 on a CPU and 8192 on an accelerator, where a 2048 product is too short to time
+    past its launch."""
+    n = n or (2048 if jax.devices()[0].platform == "cpu" else 8192)
+    a, b = (jax.random.normal(jax.random.PRNGKey(i), (n, n), dtype) for i in (0, 1))  # random: zeros run faster
     f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
     return 2.0 * n ** 3 / median(time_calls(lambda: f(a, b), iters=iters, warmup=2))
 
 
-def memory_bandwidth(mb: int = 256, iters: int = 5) -> float:
-    """Median bytes/s of a device-side read+write pass over `mb` MiB (x * 2 + 1)."""
+def memory_bandwidth(mb: Optional[int] = None, iters: int = 5) -> float:
+    """Median bytes/s of a device-side read+write pass over `mb` MiB (x * 2 + 1); 256 MiB on a
+    CPU, 4 GiB on an accelerator (many times its caches)."""
+    mb = mb or (256 if jax.devices()[0].platform == "cpu" else 4096)
     n = mb * 1024 * 1024 // 4
     x = jnp.ones((n,), jnp.float32)
     f = jax.jit(lambda v: v * 2.0 + 1.0)
@@ -77,6 +81,12 @@ def peak_memory_bytes() -> int:
         pass
     import resource
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def datasheet_peak_flops() -> Optional[float]:
+    """The first device's dense bf16 peak from the chip table (`parallel.chips`), None off it."""
+    spec = chip_spec(jax.devices()[0])
+    return spec.peak_tflops * 1e12 if spec is not None and spec.peak_tflops else None
 
 
 def set_torch_threads() -> None:

@@ -46,7 +46,7 @@ class Qwen3Config:
     compute_dtype: str = "bfloat16"
     scan_layers: bool = True
     remat_policy: str = "none"
-    # The attention kernels: "auto" | "xla" | "splash" (kernels/attention.py).
+    # The attention kernels: "auto" | "xla" | "splash" | "cudnn" (kernels/attention.py).
     attention: str = "auto"
     # Where a MoE variant would plug in: `mlp_type` selects the feed-forward block.
     mlp_type: str = "dense"

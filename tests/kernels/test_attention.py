@@ -86,23 +86,32 @@ def test_model_logprobs_with_splash_equal_xla():
     np.testing.assert_allclose(np.where(attn, lp["splash"], 0), np.where(attn, lp["xla"], 0), atol=1e-5)
 
 
-def test_splash_sharded_over_rows_and_kv_heads_equals_one_device():
+SHARDED_KERNELS = {  # kernel(qg, k, v, valid, scale, mesh); None: one device
+    "splash": "lambda *a, mesh=None: splash_kernel.splash_attention(*a, mesh)",
+    # cuDNN's shard_map and its row compaction, around XLA's attention (no GPU here)
+    "cudnn": "lambda *a, mesh=None: cudnn.cudnn_attention(*a, mesh, implementation='xla')",
+}
+
+
+@pytest.mark.parametrize("kernel", sorted(SHARDED_KERNELS))
+def test_kernel_sharded_over_rows_and_kv_heads_equals_one_device(kernel):
     from tests.multidevice import run_with_devices
-    out = run_with_devices("""
+    out = run_with_devices(f"""
         import json
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-        from reagent_jax.kernels.tpu import ragged_decode, splash as splash_kernel
+        from reagent_jax.kernels.gpu import cudnn
+        from reagent_jax.kernels.tpu import splash as splash_kernel
         from tests.kernels.test_attention import qkv
+        kernel = {SHARDED_KERNELS[kernel]}
         qg, k, v, valid = qkv(b=4, nk=2)
         mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 1, 2), ("data", "fsdp", "tensor"))
         put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))
         args = (put(qg, P("data", None, "tensor")), put(k, P("data", None, "tensor")), put(v, P("data", None, "tensor")),
                 put(valid, P("data")))
-        f = jax.jit(lambda *a: splash_kernel.splash_attention(*a, 0.125, mesh))
-        sharded = f(*args)
-        one = splash_kernel.splash_attention(qg, k, v, valid, 0.125)
-        print(json.dumps({"err": float(jnp.max(jnp.abs(sharded - one))), "spec": str(sharded.sharding.spec)}))
+        sharded = jax.jit(lambda *a: kernel(*a, 0.125, mesh=mesh))(*args)
+        one = kernel(qg, k, v, valid, 0.125)
+        print(json.dumps({{"err": float(jnp.max(jnp.abs(sharded - one))), "spec": str(sharded.sharding.spec)}}))
     """, n=4)
     assert out["err"] < 1e-6 and "data" in out["spec"] and "tensor" in out["spec"]
 

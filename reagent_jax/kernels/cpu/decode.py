@@ -24,13 +24,15 @@ from jax.sharding import Mesh
 
 from reagent_jax.kernels import kv_layout
 from reagent_jax.kernels.cpu import gemm as cpu_gemm
+from reagent_jax.parallel.mesh import mesh_platform
 
 
 def usable(cfg, params, cache, rows: int, mesh: Optional[Mesh] = None) -> bool:
     """True when `decode_layers` can run this step: CPU with AVX-512, fp32 params, compute and
     cache, no device mesh, one cache row per token row, and widths (hidden, MLP, head dim) that are
     multiples of 16 (head dim <= 256). Decided at trace time from static facts."""
-    if cpu_gemm.mode() == "xla" or not kv_layout.heads_major(mesh) or (mesh is not None and mesh.size > 1):
+    if (cpu_gemm.mode() == "xla" or mesh_platform(mesh) != "cpu" or not kv_layout.heads_major(mesh)
+            or (mesh is not None and mesh.size > 1)):
         return False
     if not cfg.qk_norm or cfg.qkv_bias or cfg.o_bias:  # the kernel implements the Qwen3 layer
         return False
