@@ -7,9 +7,12 @@
 #           engine decoding 64 prompts of mixed lengths (256..4096 tokens); both against the HBM
 #           roofline.
 # Random weights: throughput does not depend on them. Each figure is a JSON file in OUTDIR.
+#   decode_kernel: the decode call alone as in part 2, again with XLA's dynamic-slice fusion (a
+#           probe: BENCHMARKS.md found each layer's cache window and weights copied out of the
+#           stacked arrays in every step), then the cuDNN tests.
 #   launch/bench_gpu.sh OUTDIR [1|2|all|decode_kernel]
 set -u
-out=${1:?usage: launch/bench_gpu.sh OUTDIR [1|2|all]}
+out=${1:?usage: launch/bench_gpu.sh OUTDIR [1|2|all|decode_kernel]}
 part=${2:-all}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -24,24 +27,29 @@ section() {  # name, time limit (s), command...
 }
 bench() { local name=$1 limit=$2; shift 2; section "$name" "$limit" python3 launch/bench.py --json_out="$out/$name.json" "$@"; }
 
+cudnn_tests() { section cudnn_tests 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cudnn_attention.py; }
+decode_kernel_8b() {  # [name suffix]
+  bench "decode_kernel_8b${1:-}" 200 --mode=decode_kernel --preset=qwen3-8b --dtype=bfloat16 --param_dtype=bfloat16 \
+    --batch=64 --min_prompt=256 --prompt_len=4096 --decode_steps=16 --iters=3 --kv_orders=lnskd,lnksd
+}
+
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
 
 if [[ $part == 1 || $part == all ]]; then
-  section cudnn_tests 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cudnn_attention.py
+  cudnn_tests
   bench train_1p7b 240 --mode=train_step --preset=qwen3-1.7b --dtype=bfloat16 --batch=4 --seq_len=4096 --iters=3 \
     --attention=auto,xla
 fi
-if [[ $part == decode_kernel ]]; then  # the decode call alone, then the cuDNN tests
-  bench decode_kernel_8b 200 --mode=decode_kernel --preset=qwen3-8b --dtype=bfloat16 --param_dtype=bfloat16 \
-    --batch=64 --min_prompt=256 --prompt_len=4096 --decode_steps=16 --iters=3 --kv_orders=lnskd,lnksd
-  section cudnn_tests 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cudnn_attention.py
+if [[ $part == decode_kernel ]]; then
+  decode_kernel_8b
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_dynamic_slice_fusion=true" decode_kernel_8b _dsfusion
+  cudnn_tests
 fi
 if [[ $part == 2 || $part == all ]]; then
   bench train_8b 260 --mode=train_step --preset=qwen3-8b --dtype=bfloat16 --param_dtype=bfloat16 --remat=full \
     --batch=4 --seq_len=2048 --iters=3
-  bench decode_kernel_8b 200 --mode=decode_kernel --preset=qwen3-8b --dtype=bfloat16 --param_dtype=bfloat16 \
-    --batch=64 --min_prompt=256 --prompt_len=4096 --decode_steps=16 --iters=3 --kv_orders=lnskd,lnksd
+  decode_kernel_8b
   bench decode_8b 260 --mode=decode --preset=qwen3-8b --dtype=bfloat16 --param_dtype=bfloat16 --batch=64 \
     --min_prompt=256 --prompt_len=4096 --new_tokens=128 --decode_steps=16 --iters=2
 fi

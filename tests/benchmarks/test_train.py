@@ -18,7 +18,7 @@ def test_grpo_step_bench_reports_the_baseline_and_flops():
 
 def test_train_step_bench_times_each_attention_kernel_on_the_same_state():
     from reagent_jax.benchmarks.train import run_train_step
-    out = run_train_step(models.preset("tiny"), batch=2, seq_len=32, iters=1, dtype="bfloat16", param_dtype="bfloat16",
+    out = run_train_step(models.preset("tiny"), batch=2, seq_len=32, iters=1, param_dtype="bfloat16",
                          attentions=("auto", "xla"))
     assert out["attention"] == "xla" and out["attention/xla"] == "xla"  # a CPU: auto is XLA
     assert out["step_s"] > 0 and out["speedup_over/xla"] == out["step_s/xla"] / out["step_s"]

@@ -29,7 +29,8 @@ def supports(dtype, head_dim: int) -> Optional[str]:
     if jnp.dtype(dtype).name not in DTYPES:
         return f"cuDNN flash attention computes in {'/'.join(DTYPES)}, not {jnp.dtype(dtype).name}"
     if head_dim % 8 or head_dim > MAX_HEAD_DIM:
-        return f"cuDNN flash attention needs a head dim that is a multiple of 8 and at most {MAX_HEAD_DIM}, got {head_dim}"
+        return (f"cuDNN flash attention needs a head dim that is a multiple of 8 and at most {MAX_HEAD_DIM}, "
+                f"got {head_dim}")
     return None
 
 
