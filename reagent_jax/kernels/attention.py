@@ -66,6 +66,15 @@ def choose_decode(impl: str, mesh: Optional[Mesh]) -> str:
     return "ragged" if impl != "xla" and mesh_platform(mesh) == "tpu" else "xla"
 
 
+def kernels_report(cfg, mesh: Optional[Mesh]) -> dict[str, str]:
+    """What a run's attention runs on, for its metadata (summary.json): the platform, the causal
+    kernel at bucketed lengths (multiples of 128) and the one-token decode kernel, for the model
+    config's `attention`, compute dtype and head dim on `mesh`."""
+    return {"platform": mesh_platform(mesh), "attention": cfg.attention,
+            "causal": choose(cfg.attention, mesh, 128, jnp.dtype(cfg.compute_dtype), cfg.head_dim),
+            "decode": choose_decode(cfg.attention, mesh)}
+
+
 class LayerCache(NamedTuple):
     """One layer's view of the KV cache: the whole (k, v) caches ([L, ...] in `kv_layout.order`)
     and the layer's index. The whole arrays, not a slice: a kernel (a custom call) given a

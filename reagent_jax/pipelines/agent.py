@@ -24,6 +24,7 @@ from reagent_jax.agent import tools
 from reagent_jax.agent.loop import AgentConfig, AgentLoop
 from reagent_jax.endpoints import EndpointConfig
 from reagent_jax.eval.agent_eval import evaluate_agent
+from reagent_jax.kernels.attention import kernels_report
 from reagent_jax.parallel import hosts
 from reagent_jax.pipelines.context import load_policy, load_records, make_context, write_summary
 from reagent_jax.registry import Registry
@@ -241,4 +242,5 @@ def run(config, workdir: str) -> dict:
     finally:
         engine.stop_background()
 
-    return write_summary(workdir, rows, stages, time.perf_counter() - t_start, engine=engine.stats())
+    return write_summary(workdir, rows, stages, time.perf_counter() - t_start, engine=engine.stats(),
+                         kernels=kernels_report(cfg, ctx.mesh))

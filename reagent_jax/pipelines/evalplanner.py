@@ -37,6 +37,7 @@ from reagent_jax.evalplanner.pairs import (Triple, build_preference_data, chain_
                                            load_triples, math_triples, read_jsonl, sample_chains, write_jsonl)
 from reagent_jax.worlds.pairwise import SyntheticTeacher, synthetic_triples
 from reagent_jax.evalplanner.training import dpo_rows, fit_batch, run_dpo, sft_rows
+from reagent_jax.kernels.attention import kernels_report
 from reagent_jax.pipelines.context import build_world, load_policy, make_context
 from reagent_jax.rollout import Engine
 from reagent_jax.trainers.sft import run_sft
@@ -312,7 +313,8 @@ def run(config, workdir: str) -> dict:
             with open(path) as f:
                 data_rows.append({k: v for k, v in json.load(f).items() if k != "dropped_ids"})
     summary = {"table": overall, "categories": run_.rows, "data": data_rows, "wall_s": wall,
-               "engine": run_.engine.stats(), "workdir": workdir, "format": run_.jcfg.format,
+               "engine": run_.engine.stats(), "kernels": kernels_report(run_.cfg, run_.ctx.mesh),
+               "workdir": workdir, "format": run_.jcfg.format,
                "plans_x_executions": [config.chains.num_plans, config.chains.num_executions]}
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=str)

@@ -22,6 +22,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+from reagent_jax.kernels.attention import kernels_report
 from reagent_jax.parallel import hosts
 from reagent_jax.pipelines.context import RunContext, load_policy, load_records, make_context, write_summary
 from reagent_jax.rewards import REWARD_FNS, RewardFn
@@ -103,4 +104,5 @@ def run(config, workdir: str, reward_fns: Optional[Mapping[str, RewardFn]] = Non
     finally:
         engine.stop_background()
     return write_summary(workdir, [row for row in rows if row], STAGES, time.perf_counter() - t_start,
-                         engine=engine.stats(), rewards={k: weights[k] for k in fns})
+                         engine=engine.stats(), rewards={k: weights[k] for k in fns},
+                         kernels=kernels_report(cfg, ctx.mesh))

@@ -49,6 +49,25 @@ def test_the_choice_follows_the_devices_dtype_and_head_dim():
     models.preset("tiny", attention="cudnn")  # a valid config value; the devices decide at trace time
 
 
+class _Device:
+    def __init__(self, platform):
+        self.platform = platform
+
+
+class _Mesh:  # what `mesh_platform` reads of a mesh
+    def __init__(self, platform):
+        self.devices = np.array([_Device(platform)])
+
+
+@pytest.mark.parametrize("platform,dtype,expected", [
+    ("cpu", "bfloat16", ("xla", "xla")), ("tpu", "bfloat16", ("splash", "ragged")),
+    ("cuda", "bfloat16", ("cudnn", "xla")), ("cuda", "float32", ("xla", "xla"))])
+def test_the_run_metadata_names_the_kernels_of_its_devices(platform, dtype, expected):
+    report = attention.kernels_report(models.preset("qwen3-0.6b", compute_dtype=dtype), _Mesh(platform))
+    assert (report["causal"], report["decode"]) == expected
+    assert report["platform"] == ("gpu" if platform == "cuda" else platform) and report["attention"] == "auto"
+
+
 # ---- on a GPU: the cuDNN kernel itself -------------------------------------------------------------------
 
 

@@ -82,6 +82,7 @@ def test_smollm2_gsm8k_config_runs_sft_and_a_grpo_step_end_to_end(tmp_path, smol
     workdir = tmp_path / "run"
     summary = agent_pipeline.run(c, str(workdir))
     assert [row["policy"] for row in summary["table"]] == ["init", "sft", "grpo"]
+    assert summary["kernels"] == {"platform": "cpu", "attention": "auto", "causal": "xla", "decode": "xla"}
     metrics = [json.loads(line) for line in open(workdir / "grpo" / "metrics.jsonl")]
     assert metrics and all(m["grpo/score"] in (0.0, 0.5, 1.0) for m in metrics if "grpo/score" in m)
     tok = chat.load_tokenizer(serve.find_tokenizer(str(workdir / "grpo" / "final")))

@@ -51,6 +51,7 @@ def test_pipeline_runs_every_stage_and_resumes_without_redoing(tmp_path, capsys)
     for row in summary["table"]:
         assert 0.0 <= row["pairwise acc"] <= 1.0 and row["n"] == 3
     assert [d["round"] for d in summary["data"]] == [1, 2]
+    assert summary["kernels"]["platform"] == "cpu" and summary["kernels"]["causal"] == "xla"
     for name in ("seed", "round1", "round2", "eval"):
         assert os.path.exists(os.path.join(workdir, "data", f"{name}.jsonl"))
     for d in ("judge_data", "judge_data_r2"):

@@ -96,6 +96,7 @@ def test_pipeline_trains_with_python_reward_functions_and_resumes(tmp_path, smol
     assert [r["policy"] for r in summary["table"]] == ["random_init", "grpo"]
     assert set(summary["table"][0]) >= {"held-out chars", "held-out flaky", "gen tokens/s"}
     assert summary["rewards"] == {"chars": 1.0, "flaky": 1.0}
+    assert summary["kernels"] == {"platform": "cpu", "attention": "auto", "causal": "xla", "decode": "xla"}
     steps = [m for m in read_metrics(str(wd / "grpo")) if "step" in m]
     assert [m["step"] for m in steps] == [1, 2]
     assert all("reward/chars/mean" in m and "reward/flaky/mean" in m for m in steps)
