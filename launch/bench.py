@@ -47,6 +47,8 @@ flags.DEFINE_list("attention", ["auto"], "train_step: attention kernels to time 
                   "headline, the others baselines: e.g. auto,xla); other modes use the first.")
 flags.DEFINE_list("kv_orders", [""], "decode_kernel: KV cache axis orders to time ('' = the platform's; e.g. "
                   "lnksd,lnskd).")
+flags.DEFINE_list("decode_forms", [""], "decode_kernel: one-token decode attention forms to time ('' = the "
+                  "platform's; einsum, values, reduce: kernels/xla_attention.py DECODE_FORMS).")
 flags.DEFINE_enum("remat", None, ["none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"],
                   "Override the preset's rematerialisation policy.")
 flags.DEFINE_bool("baseline", True, "Also run the mode's baseline where it has one (transformers/torch; grpo_step: the "
@@ -80,7 +82,8 @@ def main(argv):
         from reagent_jax.benchmarks import rollout as bench
         result = bench.decode_kernel(cfg, slots=FLAGS.batch, min_len=FLAGS.min_prompt, max_len=FLAGS.prompt_len,
                                      steps=FLAGS.decode_steps, iters=FLAGS.iters, dtype=FLAGS.dtype,
-                                     param_dtype=FLAGS.param_dtype, orders=tuple(FLAGS.kv_orders))
+                                     param_dtype=FLAGS.param_dtype, orders=tuple(FLAGS.kv_orders),
+                                     forms=tuple(FLAGS.decode_forms))
     elif FLAGS.mode == "decode":
         from reagent_jax.benchmarks import rollout as bench
         result = bench.mixed_decode(cfg, slots=FLAGS.batch, min_prompt=FLAGS.min_prompt, max_prompt=FLAGS.prompt_len,

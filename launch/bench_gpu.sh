@@ -7,9 +7,9 @@
 #           engine decoding 64 prompts of mixed lengths (256..4096 tokens); both against the HBM
 #           roofline.
 # Random weights: throughput does not depend on them. Each figure is a JSON file in OUTDIR.
-#   decode_kernel: the decode call alone as in part 2, again with XLA's dynamic-slice fusion (a
-#           probe: BENCHMARKS.md found each layer's cache window and weights copied out of the
-#           stacked arrays in every step), then the cuDNN tests.
+#   decode_kernel: probes of the decode call alone (BENCHMARKS.md found each layer's cache window
+#           and weights copied out of the stacked arrays in every step): the batched-dot vs the
+#           multiply-reduce attention form, then XLA's dynamic-slice fusion; the cuDNN tests.
 #   launch/bench_gpu.sh OUTDIR [1|2|all|decode_kernel]
 set -u
 out=${1:?usage: launch/bench_gpu.sh OUTDIR [1|2|all|decode_kernel]}
@@ -28,9 +28,10 @@ section() {  # name, time limit (s), command...
 bench() { local name=$1 limit=$2; shift 2; section "$name" "$limit" python3 launch/bench.py --json_out="$out/$name.json" "$@"; }
 
 cudnn_tests() { section cudnn_tests 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cudnn_attention.py; }
-decode_kernel_8b() {  # [name suffix]
-  bench "decode_kernel_8b${1:-}" 200 --mode=decode_kernel --preset=qwen3-8b --dtype=bfloat16 --param_dtype=bfloat16 \
-    --batch=64 --min_prompt=256 --prompt_len=4096 --decode_steps=16 --iters=3 --kv_orders=lnskd,lnksd
+decode_kernel_8b() {  # name suffix, extra flags...
+  local suffix=$1; shift
+  bench "decode_kernel_8b$suffix" 200 --mode=decode_kernel --preset=qwen3-8b --dtype=bfloat16 --param_dtype=bfloat16 \
+    --batch=64 --min_prompt=256 --prompt_len=4096 --decode_steps=16 --iters=3 "$@"
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -42,14 +43,14 @@ if [[ $part == 1 || $part == all ]]; then
     --attention=auto,xla
 fi
 if [[ $part == decode_kernel ]]; then
-  decode_kernel_8b
-  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_dynamic_slice_fusion=true" decode_kernel_8b _dsfusion
+  decode_kernel_8b _forms --decode_forms=einsum,reduce
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_dynamic_slice_fusion=true" decode_kernel_8b _dsfusion --decode_forms=einsum,reduce
   cudnn_tests
 fi
 if [[ $part == 2 || $part == all ]]; then
   bench train_8b 260 --mode=train_step --preset=qwen3-8b --dtype=bfloat16 --param_dtype=bfloat16 --remat=full \
     --batch=4 --seq_len=2048 --iters=3
-  decode_kernel_8b
+  decode_kernel_8b "" --kv_orders=lnskd,lnksd
   bench decode_8b 260 --mode=decode --preset=qwen3-8b --dtype=bfloat16 --param_dtype=bfloat16 --batch=64 \
     --min_prompt=256 --prompt_len=4096 --new_tokens=128 --decode_steps=16 --iters=2
 fi

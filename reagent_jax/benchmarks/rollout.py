@@ -17,6 +17,7 @@ torch CPU comparison is like for like; dtype="bfloat16" keeps fp32 weights and c
 from __future__ import annotations
 
 import functools
+import itertools
 import tempfile
 import time
 from typing import Callable, Sequence, Union
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from reagent_jax.metrics import perf
-from reagent_jax.kernels import kv_layout
+from reagent_jax.kernels import kv_layout, xla_attention
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.functional import init_params
 from reagent_jax.models.hf_io import save_hf_checkpoint
@@ -216,12 +217,14 @@ def mixed_decode(cfg: Union[Qwen3Config, str] = "bench-256", slots: int = 16, mi
 
 def decode_kernel(cfg: Union[Qwen3Config, str] = "bench-256", slots: int = 16, min_len: int = 32,
                   max_len: int = 256, steps: int = 16, iters: int = 3, dtype: str = "float32",
-                  param_dtype: str = "float32", orders: Sequence[str] = ("",)) -> dict:
+                  param_dtype: str = "float32", orders: Sequence[str] = ("",), forms: Sequence[str] = ("",)) -> dict:
     """`rollout.kernels.decode` alone: one call of `steps` greedy steps with every slot live, the
     slots' cached lengths spread evenly over [min_len, max_len), over a window of max_len +
     steps. No prefill or host scheduling in the time (what `mixed_decode` includes). For each
     KV cache axis order in `orders` ("" = this platform's, `kernels.kv_layout.ORDERS`; e.g.
-    "lnksd" vs "lnskd"), so the layouts can be compared on the machine itself."""
+    "lnksd" vs "lnskd") and each decode attention form in `forms` ("" = this platform's,
+    `kernels.xla_attention.DECODE_FORMS`; e.g. "einsum" vs "reduce"), so they can be compared
+    on the machine itself. Figures are keyed by the order, then "/form" when one is named."""
     cfg, params = _model(cfg, dtype, param_dtype)
     params = jax.tree.map(lambda x: x.astype(cfg.compute_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
                           params)  # what the engine holds
@@ -244,11 +247,11 @@ def decode_kernel(cfg: Union[Qwen3Config, str] = "bench-256", slots: int = 16, m
            "dtype": dtype, "device": jax.devices()[0].device_kind, "bandwidth_gb_s": bw / 1e9,
            **{f"bound_ms/{k}": 1e3 * v for k, v in bound.items()}}
     platform = mesh_platform(None)
-    default = kv_layout.order(None)
-    for order in orders:
-        order = order or default
-        saved = dict(kv_layout.ORDERS)
-        kv_layout.ORDERS[platform] = order  # read at trace time: each order traces its own program
+    for order, form in itertools.product(orders, forms):
+        key = "/".join(x for x in (order or kv_layout.order(None), form) if x)
+        saved = dict(kv_layout.ORDERS), dict(xla_attention.DECODE_FORMS)
+        kv_layout.ORDERS[platform] = order or saved[0].get(platform, saved[0]["gpu"])  # both read at trace time:
+        xla_attention.DECODE_FORMS[platform] = form or saved[1].get(platform, "einsum")  # one program per variant
         try:
             holder = {"cache": kernels.init_cache(cfg, slots, window)}
 
@@ -260,10 +263,11 @@ def decode_kernel(cfg: Union[Qwen3Config, str] = "bench-256", slots: int = 16, m
             t = perf.median(perf.time_calls(call, iters=iters, warmup=1)) / steps
             del holder
         finally:
-            kv_layout.ORDERS.clear()
-            kv_layout.ORDERS.update(saved)
-        out.update({f"step_ms/{order}": 1e3 * t, f"tokens_per_s/{order}": slots / t,
-                    **{f"fraction_of_roofline/{k}/{order}": v / t for k, v in bound.items()}})
+            for table, before in zip((kv_layout.ORDERS, xla_attention.DECODE_FORMS), saved):
+                table.clear()
+                table.update(before)
+        out.update({f"step_ms/{key}": 1e3 * t, f"tokens_per_s/{key}": slots / t,
+                    **{f"fraction_of_roofline/{k}/{key}": v / t for k, v in bound.items()}})
     return out
 
 

@@ -14,8 +14,18 @@ from jax.sharding import Mesh
 
 from reagent_jax.kernels import kv_layout
 from reagent_jax.kernels.matmul import f32_einsum, mm
+from reagent_jax.parallel.mesh import mesh_platform
 
 _NEG = -1e30  # finite "minus infinity": fully masked (padding) rows stay finite
+
+# How one-token decode reads a layer of the cache, per platform (`cached_attention`):
+#   einsum  scores and values as batched dots
+#   values  dot scores, multiply-reduce values (the CPU's: measured faster there)
+#   reduce  multiply-reduce for both: the layer's window is read where it lies inside a reduction
+#           fusion. The candidate for GPUs, where XLA copies each layer's window out of the stacked
+#           cache for the dots (BENCHMARKS.md, "On an NVIDIA H200"); not measured there yet, so
+#           not the default (launch/bench.py --mode=decode_kernel --decode_forms=einsum,reduce)
+DECODE_FORMS = {"cpu": "values", "gpu": "einsum", "tpu": "einsum"}
 LONG_ATTENTION = 2048  # longer sequences recompute attention probabilities per query block (see causal_attention)
 
 
@@ -78,6 +88,13 @@ def causal_attention(qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
+def decode_step_scores(qg: jax.Array, ck: jax.Array) -> jax.Array:
+    """Scores of one new token per row against the cached keys, as a multiply-reduce over d:
+    qg [b,1,k,g,d], ck [b,k,s,d] -> [b,k,g,1,s] in fp32."""
+    f32 = jnp.float32
+    return (qg[:, 0, :, :, None, :].astype(f32) * ck[:, :, None].astype(f32)).sum(-1)[:, :, :, None, :]
+
+
 def decode_step_values(p_old: jax.Array, cv: jax.Array, p_new: jax.Array, v: jax.Array) -> jax.Array:
     """Attention output of one new token per row: weights p_old [b,k,g,1,s] over the cached
     values cv [b,k,s,d] plus p_new [b,k,g,1,1] over the token's own value v [b,1,k,d] ->
@@ -113,15 +130,20 @@ def cached_attention(qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
         rows = (slice(None),) * order.index("n") + (slot_ids,)
         ck, cv = ck[rows], cv[rows]  # b rows for n
     ck, cv = ck.astype(dt), cv.astype(dt)
+    form = DECODE_FORMS.get(mesh_platform(mesh), "einsum") if t == 1 else "einsum"
+    heads_major = lambda c: c.transpose([kv.index(a) for a in "bksd"])  # a view: fused into the reduction
     old_valid = jnp.arange(ck.shape[kv.index("s")])[None, :] < write_index[:, None]  # [b, S]
-    s_old = f32_einsum(f"btkgd,{kv}->bkgts", qg, ck, mesh) * scale
+    if form == "reduce":
+        s_old = decode_step_scores(qg, heads_major(ck)) * scale
+    else:
+        s_old = f32_einsum(f"btkgd,{kv}->bkgts", qg, ck, mesh) * scale
     s_old = jnp.where(old_valid[:, None, None, None, :], s_old, _NEG)
     s_new = f32_einsum("btkgd,bukd->bkgtu", qg, k, mesh) * scale
     s_new = jnp.where(mask[:, None, None], s_new, _NEG)
     m = jnp.maximum(s_old.max(-1), s_new.max(-1))[..., None]
     e_old, e_new = jnp.exp(s_old - m), jnp.exp(s_new - m)
     z = e_old.sum(-1, keepdims=True) + e_new.sum(-1, keepdims=True)
-    if t == 1 and order == "nksd":  # CPU; accelerators keep the einsums (measured on CPU only)
-        return decode_step_values(e_old / z, cv, e_new / z, v)
+    if form in ("values", "reduce"):
+        return decode_step_values(e_old / z, heads_major(cv), e_new / z, v)
     return (mm(f"bkgts,{kv}->btkgd", (e_old / z).astype(dt), cv, mesh)
             + mm("bkgtu,bukd->btkgd", (e_new / z).astype(dt), v, mesh))

@@ -1,7 +1,7 @@
 """The decode benchmarks: the engine on slots of mixed lengths and the decode call alone, each
-against its HBM roofline; the decode call in both KV cache axis orders."""
+against its HBM roofline; the decode call in both KV cache axis orders and attention forms."""
 from reagent_jax.benchmarks.rollout import decode_kernel, mixed_decode
-from reagent_jax.kernels import kv_layout
+from reagent_jax.kernels import kv_layout, xla_attention
 
 
 def test_mixed_decode_reports_the_live_and_window_bounds():
@@ -12,9 +12,10 @@ def test_mixed_decode_reports_the_live_and_window_bounds():
     assert 0 < out["fraction_of_roofline/live"] < out["fraction_of_roofline/window"]
 
 
-def test_decode_kernel_times_each_cache_order_and_restores_the_table():
-    before = dict(kv_layout.ORDERS)
-    out = decode_kernel("tiny", slots=4, min_len=8, max_len=40, steps=4, iters=1, orders=("lnksd", "lnskd"))
-    assert kv_layout.ORDERS == before
-    for order in ("lnksd", "lnskd"):
-        assert out[f"step_ms/{order}"] > 0 and 0 < out[f"fraction_of_roofline/live/{order}"] < 1.5
+def test_decode_kernel_times_each_cache_order_and_form_and_restores_the_tables():
+    before = dict(kv_layout.ORDERS), dict(xla_attention.DECODE_FORMS)
+    out = decode_kernel("tiny", slots=4, min_len=8, max_len=40, steps=4, iters=1, orders=("lnksd", "lnskd"),
+                       forms=("", "reduce"))
+    assert (kv_layout.ORDERS, xla_attention.DECODE_FORMS) == before
+    for key in ("lnksd", "lnskd", "lnksd/reduce", "lnskd/reduce"):
+        assert out[f"step_ms/{key}"] > 0 and 0 < out[f"fraction_of_roofline/live/{key}"] < 1.5

@@ -62,3 +62,24 @@ def test_decode_step_values_match_numpy(dtype, atol):
                              jnp.asarray(v, dtype))
     assert out.shape == (b, 1, nk, g, d) and out.dtype == jnp.dtype(dtype)
     np.testing.assert_allclose(np.asarray(out, np.float32), ref, atol=atol)
+
+
+@pytest.mark.parametrize("order", ["lnksd", "lnskd"])
+@pytest.mark.parametrize("form", ["values", "reduce"])
+def test_every_decode_form_equals_the_einsums_in_both_cache_orders(form, order, monkeypatch):
+    """One-token decode over a 2-layer cache at mixed write indices: the multiply-reduce forms
+    (`DECODE_FORMS`) give the batched dots' attention within fp32 rounding, in either axis order."""
+    from reagent_jax.kernels import kv_layout, xla_attention
+    n, s, nk, g, d = 4, 48, 2, 3, 16
+    rng = np.random.default_rng(2)
+    sizes = {"l": 2, "n": n, "k": nk, "s": s, "d": d}
+    cache = [jnp.asarray(rng.normal(size=[sizes[a] for a in order]), jnp.float32) for _ in range(2)]
+    qg, k, v = (jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in ((n, 1, nk, g, d), (n, 1, nk, d),
+                                                                               (n, 1, nk, d)))
+    write, mask = jnp.asarray([0, 7, 30, 47], jnp.int32), jnp.ones((n, 1, 1), bool)
+    monkeypatch.setattr(kv_layout, "order", lambda mesh: order)
+    out = {}
+    for f in ("einsum", form):
+        monkeypatch.setitem(xla_attention.DECODE_FORMS, "cpu", f)
+        out[f] = xla_attention.cached_attention(qg, k, v, mask, *cache, jnp.int32(1), write, None, 0.25, jnp.float32)
+    np.testing.assert_allclose(out[form], out["einsum"], atol=1e-5)
