@@ -3,7 +3,7 @@
   throughput(...)            prefill / decode tokens/s of the engine vs transformers `generate`
   roofline(...)              per-decode-step bound from the machine's FLOP/s and bandwidth
   mixed_decode(...)          decode of many slots of mixed lengths against the HBM roofline
-  decode_kernel(...)         the fused decode call alone, all slots live, per KV cache axis order
+  decode_kernel(...)         the fused decode call alone, all slots live, per KV order and attention form
   decode_steps_sweep(...)    tokens/s vs decode steps fused per host round trip
   multi_turn(...)            8-turn trajectories: cache reuse vs re-prefilling the history
   continuous_vs_static(...)  skewed lengths: continuous batching vs static batches
@@ -127,6 +127,16 @@ def _transformers_generate(cfg, params, prompts, new_tokens, iters, dtype) -> di
         "transformers_wall_s": t_gen}}
 
 
+def _kv_bytes_per_token(cfg: Qwen3Config, dtype: str) -> int:
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(dtype).itemsize  # K and V, all layers
+
+
+def _hbm_bandwidth() -> tuple[float, float]:
+    """(bytes/s the bound uses: the chip table's (`parallel.chips`), else the measured; measured)."""
+    spec, measured = chip_spec(jax.devices()[0]), perf.memory_bandwidth()
+    return (spec.hbm_gbps * 1e9 if spec is not None and spec.hbm_gbps else measured), measured
+
+
 def roofline(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prompt_len: int = 64, new_tokens: int = 64,
              decode_steps: int = 8, iters: int = 5, dtype: str = "float32") -> dict:
     """Bound of one decode step = max(FLOPs / peak, bytes / bandwidth), where bytes = every
@@ -156,7 +166,7 @@ def roofline(cfg: Union[Qwen3Config, str] = "bench-256", batch: int = 16, prompt
     max_len = prompt_len + new_tokens
     size = jnp.dtype(dtype).itemsize
     param_bytes = size * cfg.num_params()
-    kv_bytes = 2 * cfg.num_layers * batch * max_len * cfg.num_kv_heads * cfg.head_dim * size
+    kv_bytes = _kv_bytes_per_token(cfg, dtype) * batch * max_len
     flops = batch * cfg.flops_per_token(2 * max_len)  # attention over the whole cache row
     head_flops, head_bytes = 2 * batch * cfg.hidden_size * cfg.vocab_size, size * cfg.hidden_size * cfg.vocab_size
     bound_s = max(flops / peak, (param_bytes + kv_bytes) / bw)
@@ -192,14 +202,11 @@ def mixed_decode(cfg: Union[Qwen3Config, str] = "bench-256", slots: int = 16, mi
     r = _median_run(lambda: _engine_run(make, lambda e: e.generate(prompts, sp)), iters)
     st = r["stats"]
     step_s = st["decode_seconds"] / max(1, st["decode_steps"])
-    size = jnp.dtype(dtype).itemsize
-    kv_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * size  # K and V of one token, all layers
+    kv_token = _kv_bytes_per_token(cfg, dtype)
     live_kv = kv_token * (lengths.sum() + slots * (new_tokens - 1) / 2)  # mean over the decode steps
     window = min(w for w in r["decode_windows"] if w >= int(lengths.max()) + new_tokens - 1)
-    weights = size * cfg.num_params()
-    spec = chip_spec(jax.devices()[0])
-    measured_bw = perf.memory_bandwidth()
-    bw = spec.hbm_gbps * 1e9 if spec is not None and spec.hbm_gbps else measured_bw
+    weights = jnp.dtype(dtype).itemsize * cfg.num_params()
+    bw, measured_bw = _hbm_bandwidth()
     bound = {"live": (weights + live_kv) / bw, "window": (weights + kv_token * slots * window) / bw}
     return {"shape": dict(hidden=cfg.hidden_size, layers=cfg.num_layers, vocab=cfg.vocab_size, slots=slots,
                           min_prompt=min_prompt, max_prompt=max_prompt, new_tokens=new_tokens,
@@ -236,12 +243,10 @@ def decode_kernel(cfg: Union[Qwen3Config, str] = "bench-256", slots: int = 16, m
         remaining=jnp.full(slots, steps, jnp.int32),
         sampling=kernels.Sampling(0 * ones, ones, jnp.zeros(slots, jnp.int32), jnp.arange(slots, dtype=jnp.uint32)),
         stop_ids=jnp.full((slots, 1), -1, jnp.int32), exit_on_done=jnp.bool_(False))
-    size = jnp.dtype(dtype).itemsize
-    kv_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * size
-    spec = chip_spec(jax.devices()[0])
-    bw = spec.hbm_gbps * 1e9 if spec is not None and spec.hbm_gbps else perf.memory_bandwidth()
-    bound = {"live": (size * cfg.num_params() + kv_token * (float(lengths.sum()) + slots * (steps - 1) / 2)) / bw,
-             "window": (size * cfg.num_params() + kv_token * slots * window) / bw}
+    kv_token, weights = _kv_bytes_per_token(cfg, dtype), jnp.dtype(dtype).itemsize * cfg.num_params()
+    bw, _ = _hbm_bandwidth()
+    bound = {"live": (weights + kv_token * (float(lengths.sum()) + slots * (steps - 1) / 2)) / bw,
+             "window": (weights + kv_token * slots * window) / bw}
     out = {"shape": dict(hidden=cfg.hidden_size, layers=cfg.num_layers, slots=slots, min_len=min_len,
                          max_len=max_len, steps=steps, window=window),
            "dtype": dtype, "device": jax.devices()[0].device_kind, "bandwidth_gb_s": bw / 1e9,

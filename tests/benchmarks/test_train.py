@@ -1,5 +1,6 @@
 """The GRPO-step benchmark reports the update next to its rematerialised-head baseline, with
-executed and model FLOPs read from the compiled programs."""
+executed and model FLOPs read from the compiled programs; the train-step benchmark times each
+attention kernel asked for on the same state."""
 import pytest
 
 from reagent_jax import models
