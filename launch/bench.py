@@ -6,6 +6,9 @@ r"""Throughput benchmarks; prints one JSON object and optionally writes it to --
   python launch/bench.py --mode=train_step --preset=qwen3-1.7b --dtype=bfloat16 --attention=auto,xla  # on a GPU
   python launch/bench.py --mode=decode --preset=qwen3-8b --dtype=bfloat16 --param_dtype=bfloat16 --batch=64 \
       --min_prompt=256 --prompt_len=4096 --new_tokens=128   # 64 slots of mixed lengths vs the HBM roofline
+  python launch/bench.py --mode=decode_kernel --preset=qwen3-8b --dtype=bfloat16 --param_dtype=bfloat16 --batch=64 \
+      --min_prompt=256 --prompt_len=4096 --decode_forms=einsum,reduce   # the decode call alone, per form
+  launch/bench_gpu.sh OUTDIR   # every GPU figure of BENCHMARKS.md
   python launch/bench.py --mode=grpo_step --preset=bench-256
   python launch/bench.py --mode=tools --workdir=runs/quickstart
   python launch/bench.py --mode=serve --preset=bench-256 --clients=64 --iters=5
@@ -22,8 +25,8 @@ import os
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("mode", "forward", ["forward", "rollout", "decode", "decode_kernel", "train_step", "grpo_step", "tools", "serve", "eval",
-                                      "data"],
+flags.DEFINE_enum("mode", "forward", ["forward", "rollout", "decode", "decode_kernel", "train_step", "grpo_step",
+                                      "tools", "serve", "eval", "data"],
                   "What to measure.")
 flags.DEFINE_integer("clients", 64, "serve mode: concurrent clients.", lower_bound=1)
 flags.DEFINE_bool("stream", False, "serve mode: stream responses (server-sent events).")
@@ -39,7 +42,7 @@ flags.DEFINE_integer("decode_steps", 16, "decode mode: decode steps fused per ho
 flags.DEFINE_integer("new_tokens", 64, "Generated tokens (rollout).", lower_bound=1)
 flags.DEFINE_integer("iters", 3, "Timed repetitions (median reported).", lower_bound=1)
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
-                  "forward / rollout / train_step / grpo_step: compute dtype (weights stay fp32; the torch "
+                  "forward / rollout / train_step / grpo_step / decode: compute dtype (weights in --param_dtype; the torch "
                   "baselines run under the same dtype, bf16 as autocast). fp32 is the like-for-like CPU default.")
 flags.DEFINE_enum("param_dtype", "float32", ["float32", "bfloat16"],
                   "train_step / decode: weights (and AdamW state) dtype; bfloat16 fits an 8B model's update on one GPU.")
