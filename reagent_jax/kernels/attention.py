@@ -35,7 +35,7 @@ from reagent_jax.parallel.rules import DEFAULT_RULES, Rules
 ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")
 
 
-def choose(impl: str, mesh: Optional[Mesh], length: int, dtype=jnp.bfloat16, head_dim: int = 128) -> str:
+def choose(impl: str, mesh: Optional[Mesh], length: int, dtype, head_dim: int) -> str:
     """The kernel ("xla", "splash" or "cudnn") that runs causal attention over `length` tokens
     computing in `dtype` with heads of `head_dim` on `mesh`."""
     if impl not in ATTENTION_IMPLS:
@@ -87,11 +87,13 @@ class LayerCache(NamedTuple):
 def causal_attention(impl: str, qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
                      mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES) -> jax.Array:
     """Softmax attention without a cache: qg [b,t,k,g,d] over k, v [b,t,k,d] by the causal mask
-    [b,t,t] -> [b,t,k,g,d], by the kernel `choose(impl, mesh, t)` picks."""
-    if choose(impl, mesh, qg.shape[1]) == "splash":
-        key_valid = jax.numpy.diagonal(mask, axis1=1, axis2=2)  # [b, t]: a causal mask's diagonal is its valid keys
-        return splash.splash_attention(qg, k, v, key_valid, scale, mesh, rules)
-    return xla_attention.causal_attention(qg, k, v, mask, scale, mesh)
+    [b,t,t] -> [b,t,k,g,d], by the kernel `choose(impl, mesh, t, qg.dtype, d)` picks."""
+    kernel = choose(impl, mesh, qg.shape[1], qg.dtype, qg.shape[-1])
+    if kernel == "xla":
+        return xla_attention.causal_attention(qg, k, v, mask, scale, mesh)
+    key_valid = jnp.diagonal(mask, axis1=1, axis2=2)  # [b, t]: a causal mask's diagonal is its valid keys
+    fn = splash.splash_attention if kernel == "splash" else cudnn.cudnn_attention
+    return fn(qg, k, v, key_valid, scale, mesh, rules)
 
 
 def cached_attention(impl: str, qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, cache: LayerCache,

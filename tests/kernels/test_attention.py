@@ -68,10 +68,10 @@ def test_splash_in_bf16_is_as_close_to_fp32_attention_as_the_xla_path():
 
 
 def test_the_kernel_follows_the_mesh_devices_and_refuses_lengths_it_cannot_block():
-    assert attention.choose("auto", None, 256) == "xla"  # a CPU device: never the TPU kernel
-    assert attention.choose("splash", None, 256) == "splash"  # asked for: interpret mode off TPU
+    assert attention.choose("auto", None, 256, jnp.bfloat16, 64) == "xla"  # a CPU device: never the TPU kernel
+    assert attention.choose("splash", None, 256, jnp.bfloat16, 64) == "splash"  # asked for: interpret mode off TPU
     with pytest.raises(ValueError, match="multiple of 128, got 200"):
-        attention.choose("splash", None, 200)
+        attention.choose("splash", None, 200, jnp.bfloat16, 64)
     with pytest.raises(ValueError, match="attention='flash'; choose one of"):
         models.preset("tiny", attention="flash")
 

@@ -45,8 +45,39 @@ def test_the_choice_follows_the_devices_dtype_and_head_dim():
     assert "multiple of 8" in cudnn.supports(jnp.bfloat16, 100)
     if jax.devices()[0].platform != "gpu":
         with pytest.raises(ValueError, match="attention='cudnn': it runs on NVIDIA GPUs, and this program runs on cpu"):
-            attention.choose("cudnn", None, 256)
+            attention.choose("cudnn", None, 256, jnp.bfloat16, 128)
     models.preset("tiny", attention="cudnn")  # a valid config value; the devices decide at trace time
+
+
+def scored_positions(attn):
+    """Tokens whose logprob the model predicts from a real token: the first real token of a
+    left-padded row is predicted from padding, whose outputs no path defines (they carry no loss)."""
+    return attn & jnp.pad(attn[:, :-1], ((0, 0), (1, 0)))
+
+
+def test_the_model_runs_the_chosen_kernel(monkeypatch):
+    """With the devices taken for a GPU, the model's causal attention goes through the cuDNN
+    path (here its compaction around XLA's attention), as close to fp32 logprobs as the XLA path."""
+    calls = []
+    original = cudnn.cudnn_attention
+
+    def spy(*args, **kw):
+        calls.append(args[0].shape)
+        return original(*args, **kw, implementation="xla")
+
+    cfg = models.preset("tiny", compute_dtype="bfloat16", vocab_size=256, head_dim=64)
+    params = models.init_params(cfg, jax.random.PRNGKey(0))
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, 256, (2, 64)), jnp.int32)
+    attn = jnp.asarray(np.arange(64)[None, :] >= np.array([[0], [20]]))  # row 1 left-padded
+    scored = scored_positions(attn)
+    ref = models.token_logprobs(cfg.replace(attention="xla", compute_dtype="float32"), params, tokens, attn)
+    err = lambda lp: np.abs(np.where(scored, lp - ref, 0)).max()
+    xla = err(models.token_logprobs(cfg.replace(attention="xla"), params, tokens, attn))
+    monkeypatch.setattr(attention, "mesh_platform", lambda mesh: "gpu")
+    monkeypatch.setattr(cudnn, "cudnn_attention", spy)
+    routed = err(models.token_logprobs(cfg, params, tokens, attn))
+    assert calls, "the model never called the cuDNN kernel"
+    assert routed <= 1.5 * xla + 1e-2, (routed, xla)  # bf16 both: as close to fp32 as the XLA path
 
 
 class _Device:
@@ -102,8 +133,9 @@ def test_model_logprobs_with_cudnn_are_as_close_to_fp32_as_xla():
     params = models.init_params(cfg, jax.random.PRNGKey(0))
     tokens = jnp.asarray(np.random.default_rng(2).integers(0, 256, (2, 128)), jnp.int32)
     attn = jnp.asarray(np.arange(128)[None, :] >= np.array([[0], [30]]))  # row 1 left-padded
+    scored = scored_positions(attn)
     ref = models.token_logprobs(cfg.replace(attention="xla", compute_dtype="float32"), params, tokens, attn)
-    err = {impl: np.abs(np.where(attn, models.token_logprobs(cfg.replace(attention=impl), params, tokens, attn)
+    err = {impl: np.abs(np.where(scored, models.token_logprobs(cfg.replace(attention=impl), params, tokens, attn)
                                  - ref, 0)).max() for impl in ("xla", "cudnn")}
     assert attention.choose("auto", None, 128, jnp.bfloat16, 64) == "cudnn"
     assert err["cudnn"] <= 1.5 * err["xla"] + 1e-2, err
