@@ -7,6 +7,7 @@ backend branches of their own.
   logits.py         hidden states -> logits: the model's projection, the decode sampler's [V, B]
   attention.py      which attention kernel: causal (xla | splash) and one-token decode (xla | ragged)
   xla_attention.py  attention through XLA, every backend
+  blocks.py         running an accelerator attention kernel on each device's block (shard_map)
   kv_layout.py      the KV cache's axis order per backend and how new K/V are written into it
   tpu/              Pallas: splash attention, ragged decode attention
   gpu/              cuDNN flash attention (training and scoring)

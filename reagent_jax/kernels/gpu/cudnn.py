@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, logical_to_spec
+from reagent_jax.kernels.blocks import per_device_causal
+from reagent_jax.parallel.rules import DEFAULT_RULES, Rules
 
 DTYPES = ("bfloat16", "float16")  # what cuDNN's flash attention computes in
 MAX_HEAD_DIM = 128
@@ -57,9 +58,5 @@ def cudnn_attention(qg: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Ar
     batch axes, KV heads over the tensor axis (shard_map; each GPU runs its own block)."""
     if mesh is None or mesh.size == 1:
         return compacted_causal_attention(qg, k, v, key_valid, scale, implementation)
-    q_spec = logical_to_spec(("batch", None, "act_kv_heads", None, None), qg.shape, mesh, rules)
-    kv_spec = logical_to_spec(("batch", None, "act_kv_heads", None), k.shape, mesh, rules)
-    row_spec = logical_to_spec(("batch", None), key_valid.shape, mesh, rules)
     local = lambda q, k, v, valid: compacted_causal_attention(q, k, v, valid, scale, implementation)
-    return jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, row_spec), out_specs=q_spec,
-                         check_vma=False)(qg, k, v, key_valid)
+    return per_device_causal(local, mesh, rules, qg, k, v, key_valid)

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from reagent_jax.parallel.mesh import mesh_platform
-from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, logical_to_spec
+from reagent_jax.kernels.blocks import per_device_causal
+from reagent_jax.parallel.rules import DEFAULT_RULES, Rules
 
 BLOCKS = (512, 256, 128)  # the largest that divides T is used
 
@@ -53,8 +54,4 @@ def splash_attention(qg: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.A
 
     if mesh is None:  # on a mesh (one device too) shard_map tells the kernel which TPU it lowers for
         return local(qg, k, v, key_valid)
-    q_spec = logical_to_spec(("batch", None, "act_kv_heads", None, None), qg.shape, mesh, rules)
-    kv_spec = logical_to_spec(("batch", None, "act_kv_heads", None), k.shape, mesh, rules)
-    row_spec = logical_to_spec(("batch", None), key_valid.shape, mesh, rules)
-    return jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, row_spec), out_specs=q_spec,
-                         check_vma=False)(qg, k, v, key_valid)
+    return per_device_causal(local, mesh, rules, qg, k, v, key_valid)
