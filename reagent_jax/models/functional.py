@@ -17,7 +17,8 @@ from jax.sharding import Mesh
 
 from reagent_jax.kernels.xla_attention import attention_mask
 from reagent_jax.models.config import Qwen3Config
-from reagent_jax.models.logprob_head import HeadSpec, TokenLossFn, chunked_logprobs, fused_head_loss, head_weight_key
+from reagent_jax.models.logprob_head import (HeadSpec, TokenLossFn, chunked_logprobs, chunked_top_logprobs,
+                                             fused_head_loss, head_weight_key)
 from reagent_jax.models.qwen3 import Qwen3
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, tree_shardings
 
@@ -123,6 +124,21 @@ def token_logprobs(cfg: Qwen3Config, params, tokens: jax.Array, attention_mask: 
     lp, ent = chunked_logprobs(spec, params[head_weight_key(cfg)], h[:, :-1], tokens[:, 1:])
     lp = _from_position_1(lp)
     return (lp, _from_position_1(ent)) if return_entropy else lp
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "k", "chunk_size", "mesh", "rules"))
+def top_logprobs(cfg: Qwen3Config, params, tokens: jax.Array, attention_mask: Optional[jax.Array] = None,
+                 positions: Optional[jax.Array] = None, *, k: int, temperature: float = 1.0, chunk_size: int = 256,
+                 mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES) -> tuple[jax.Array, jax.Array]:
+    """The k most likely tokens at every position, aligned as `token_logprobs`: (logprobs [B, T, k],
+    ids [B, T, k]) where row t ranks the candidates for tokens[:, t] given tokens[:, :t], best first
+    (row 0, which has no context, is zeros). Same distribution as the engine's logprobs: softmax of
+    logits / temperature over the full vocabulary, before truncation."""
+    spec = HeadSpec(cfg, temperature, chunk_size, mesh, rules, False)
+    tokens, h = _hidden(cfg, params, tokens, attention_mask, positions, mesh, rules)
+    lp, ids = chunked_top_logprobs(spec, params[head_weight_key(cfg)], h[:, :-1], k)
+    pad = lambda x: jnp.concatenate([jnp.zeros((x.shape[0], 1, k), x.dtype), x], axis=1)
+    return pad(lp), pad(ids)
 
 
 def token_loss_and_logprobs(cfg: Qwen3Config, params, tokens: jax.Array, attention_mask: Optional[jax.Array],

@@ -119,6 +119,24 @@ def chunked_logprobs(spec: HeadSpec, w: jax.Array, h: jax.Array, targets: jax.Ar
     return _from_chunks(lp, t), (None if ent is None else _from_chunks(ent, t))
 
 
+def chunked_top_logprobs(spec: HeadSpec, w: jax.Array, h: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """h [B, T, E] -> the k most likely next tokens at every position: (logprobs [B, T, k], ids
+    [B, T, k] int32), best first, of softmax(logits / temperature) over the whole vocabulary. Only
+    [B, C, V] logits of one chunk exist at a time (what OpenAI's `top_logprobs` needs)."""
+    t = h.shape[1]
+    c = min(spec.chunk_size, t)
+    wc = compute_weight(spec, w)
+
+    def one(hc):  # [B, C, E] -> ([B, C, k], [B, C, k])
+        logits = logits_kernels.project(hc.astype(spec.cfg.jnp_dtype), wc, spec.cfg.tie_word_embeddings,
+                                        spec.mesh) / spec.temperature  # [B, C, V]
+        values, ids = jax.lax.top_k(logits, k)
+        return values - jax.nn.logsumexp(logits, axis=-1, keepdims=True), ids.astype(jnp.int32)
+
+    lp, ids = jax.lax.map(one, _to_chunks(h, c))  # [n, B, C, k] each
+    return _from_chunks(lp, t), _from_chunks(ids, t)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def fused_head_loss(spec: HeadSpec, token_loss: TokenLossFn, h: jax.Array, w: jax.Array, targets: jax.Array,
                     aux: Any):

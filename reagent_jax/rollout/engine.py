@@ -36,6 +36,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from reagent_jax.models import functional
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.parallel.rules import Rules
 from reagent_jax.rollout.driver import Driver, EngineError
@@ -289,6 +290,31 @@ class Engine(Driver):
         if params is not None:
             for leaf in jax.tree.leaves(params):
                 leaf.delete()
+
+    def top_logprobs(self, token_ids: Sequence[int], start: int, k: int,
+                     temperature: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+        """The k most likely tokens at positions start..len-1 of `token_ids`, with their logprobs
+        (logprobs [n, k], ids [n, k], best first), from one forward pass with the engine's current
+        weights: what OpenAI's `top_logprobs` reports for a finished reply. Same distribution as
+        the engine's own logprobs (softmax of logits / T over the whole vocabulary, T = 1 for
+        greedy); it runs between the driver's device calls. The length is bucketed to a power of
+        two (one compile per bucket); padding goes after the sequence, which causal attention
+        never reads."""
+        ids = self._check_tokens(token_ids, "top_logprobs")
+        if not 0 < start <= len(ids) or not 1 <= k <= self.cfg.vocab_size:
+            raise ValueError(f"top_logprobs: need 0 < start={start} <= {len(ids)} tokens and 1 <= k={k} <= vocabulary")
+        n = max(16, 1 << (len(ids) - 1).bit_length())
+        padded = np.zeros((1, n), np.int32)
+        padded[0, :len(ids)] = ids
+        greedy = temperature < np.finfo(np.float32).tiny
+        with self._drive_lock:
+            if self._params is None:
+                raise EngineError("the engine's weights were freed (free_weights); update_params first")
+            lp, top = functional.top_logprobs(self.cfg, self._params, padded, k=k,
+                                              temperature=1.0 if greedy else float(temperature),
+                                              mesh=self.mesh, rules=self.rules)
+            lp, top = jax.device_get((lp, top))
+        return np.asarray(lp[0, start:len(ids)]), np.asarray(top[0, start:len(ids)])
 
     def stats(self) -> dict:
         """Counters: requests, turns, errors, prefill_tokens (real tokens written by prefill),

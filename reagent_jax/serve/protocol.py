@@ -18,6 +18,7 @@ from reagent_jax.chat.render import check_unicode
 from reagent_jax.serve.errors import bad_request
 
 SEED_MOD = 2 ** 32
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -64,6 +65,7 @@ class ChatRequest:
     tool_choice: str  # "auto" | "none"
     sampling: Sampling
     logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per token (needs logprobs); from a scoring pass after generation
     enable_thinking: bool = True
 
 
@@ -262,14 +264,18 @@ def parse_chat(body: Any, limits: ServerLimits) -> ChatRequest:
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
         raise bad_request("'response_format' other than {\"type\": \"text\"} is not supported", "response_format")
     top = body.get("top_logprobs")
-    if top not in (None, 0):
-        raise bad_request("'top_logprobs' is not supported (only the sampled token's logprob)", "top_logprobs")
+    top = 0 if top is None else top
+    if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"'top_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs")
+    logprobs = _bool(body, "logprobs")
+    if top and not logprobs:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict) or not isinstance(kwargs.get("enable_thinking", True), bool):
         raise bad_request("'chat_template_kwargs' must be an object like {\"enable_thinking\": false}",
                           "chat_template_kwargs")
     return ChatRequest(model=_model(body), messages=parse_messages(body.get("messages")), tools=tools,
-                       tool_choice=choice, sampling=_sampling(body, limits), logprobs=_bool(body, "logprobs"),
+                       tool_choice=choice, sampling=_sampling(body, limits), logprobs=logprobs, top_logprobs=top,
                        enable_thinking=kwargs.get("enable_thinking", True))
 
 

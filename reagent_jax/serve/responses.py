@@ -108,10 +108,14 @@ def finish_reason(engine_reason: str, has_tool_calls: bool = False) -> str:
     return "length" if engine_reason == "length" else "stop"
 
 
-def chat_logprobs(token_texts: Sequence[str], logprobs: Sequence[float]) -> dict[str, Any]:
-    """OpenAI's `logprobs` of a choice: the sampled tokens' logprobs (no alternatives)."""
-    return {"content": [{"token": t, "logprob": float(lp), "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-                        for t, lp in zip(token_texts, logprobs)]}
+def chat_logprobs(token_texts: Sequence[str], logprobs: Sequence[float],
+                  top: Optional[Sequence[Sequence[tuple[str, float]]]] = None) -> dict[str, Any]:
+    """OpenAI's `logprobs` of a choice: each sampled token's logprob and, when `top` is given, its
+    position's alternatives as (text, logprob) pairs, best first."""
+    def entry(t: str, lp: float) -> dict[str, Any]:
+        return {"token": t, "logprob": float(lp), "bytes": list(t.encode("utf-8"))}
+    return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, alp) for a, alp in (top[j] if top else ())]}
+                        for j, (t, lp) in enumerate(zip(token_texts, logprobs))]}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

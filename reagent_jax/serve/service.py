@@ -40,6 +40,7 @@ class Prepared:
     include_usage: bool
     tools_enabled: bool = False
     logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per token, from `engine.top_logprobs` once a choice is done
     echo_texts: Optional[list[str]] = None  # completions with echo=True: prompt text per choice
     prompt_tokens: int = 0
     client_gone: Optional[Callable[[], bool]] = None  # set by the HTTP app: has the client disconnected?
@@ -81,7 +82,8 @@ class ModelService:
         s = req.sampling
         sp = self._sampling(s, len(ids), "messages")
         return Prepared("chat", [ids] * s.n, [self._seeded(sp, s.seed, i) for i in range(s.n)], s.stop, s.stream,
-                        s.include_usage, tools_enabled=bool(tools), logprobs=req.logprobs, prompt_tokens=len(ids))
+                        s.include_usage, tools_enabled=bool(tools), logprobs=req.logprobs, top_logprobs=req.top_logprobs,
+                        prompt_tokens=len(ids))
 
     def prepare_completion(self, req: CompletionRequest) -> Prepared:
         s = req.sampling
@@ -168,7 +170,7 @@ class ModelService:
             reason = responses.finish_reason(result.finish_reason, bool(calls))
             choice = self._chunk_choice(prep, i, delta, reason)
             if prep.logprobs:  # the whole choice's, in its final chunk: the chunks' lists add up to the reply's
-                choice["logprobs"] = self._logprobs(result)
+                choice["logprobs"] = self._logprobs(result, prep, i)
             yield {**env, "choices": [choice]}
         if prep.include_usage:
             yield {**env, "choices": [], "usage": responses.usage(prep.prompt_tokens, completion_tokens)}
@@ -284,12 +286,23 @@ class ModelService:
         choice = {"index": i, "message": responses.chat_message(parsed), "logprobs": None,
                   "finish_reason": responses.finish_reason(result.finish_reason, bool(parsed.tool_calls))}
         if prep.logprobs:
-            choice["logprobs"] = self._logprobs(result)
+            choice["logprobs"] = self._logprobs(result, prep, i)
         return choice
 
-    def _logprobs(self, result) -> dict[str, Any]:
-        kept = [(t, lp) for t, lp in zip(result.tokens, result.logprobs) if t not in self.eos_ids]
-        return responses.chat_logprobs([self.tok.decode([t]) for t, _ in kept], [lp for _, lp in kept])
+    def _logprobs(self, result, prep: Prepared, i: int) -> dict[str, Any]:
+        """The sampled tokens' logprobs as the engine reported them; with top_logprobs, the
+        alternatives at each position from one scoring pass over prompt + reply (the engine's
+        distribution; the sampled token's own value there agrees with its logprob to float
+        rounding)."""
+        keep = [j for j, t in enumerate(result.tokens) if t not in self.eos_ids]
+        texts = [self.tok.decode([result.tokens[j]]) for j in keep]
+        top = None
+        if prep.top_logprobs and keep:
+            prompt = prep.prompts[i]
+            lp, ids = self.engine.top_logprobs(list(prompt) + list(result.tokens), len(prompt), prep.top_logprobs,
+                                               prep.sampling[i].temperature)
+            top = [[(self.tok.decode([int(t)]), float(v)) for t, v in zip(ids[j], lp[j])] for j in keep]
+        return responses.chat_logprobs(texts, [result.logprobs[j] for j in keep], top)
 
     def _completion_choice(self, i: int, result, prep: Prepared) -> dict[str, Any]:
         self._check(result)

@@ -172,3 +172,20 @@ def test_sharded_fused_head_equals_one_device():
     """
     res = run_with_devices(code)
     assert res["fused"] and res["diff"] <= 1e-5, res
+
+
+@pytest.mark.parametrize("cfg,chunk,temperature", [(TIED, 8, 1.0), (UNTIED, 64, 0.7)], ids=["tied-3chunks", "untied-1chunk"])
+def test_top_logprobs_match_a_numpy_reference(cfg, chunk, temperature):
+    """Row t ranks the candidates for token t from the logits at t - 1: log softmax(logits / T) over
+    the whole vocabulary, top k by value, across chunk boundaries."""
+    params = models.init_params(cfg, jax.random.PRNGKey(3))
+    batch = _batch(cfg)
+    tokens, attn = batch["tokens"], batch["attention_mask"]
+    lp, ids = models.top_logprobs(cfg, params, tokens, attn, k=5, temperature=temperature, chunk_size=chunk)
+    logits = np.asarray(models.forward(cfg, params, tokens, attn), np.float64) / temperature  # [B, T, V]
+    ref = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    order = np.argsort(-ref, axis=-1, kind="stable")[..., :5]
+    np.testing.assert_array_equal(np.asarray(ids)[:, 1:], order[:, :-1])
+    np.testing.assert_allclose(np.asarray(lp)[:, 1:], np.take_along_axis(ref, order, -1)[:, :-1], atol=2e-5)
+    assert np.all(np.asarray(lp)[:, 0] == 0) and np.all(np.diff(np.asarray(lp), axis=-1) <= 0)

@@ -73,7 +73,8 @@ def test_greedy_equals_stepwise_argmax_of_forward(model):
 def test_logprobs_equal_trainer_token_logprobs(model, sp):
     cfg, params = model
     prompts = prompts_of((7, 21), seed=3)
-    outs = rollout.Engine(cfg, params, **KW).generate(prompts, sp)
+    eng = rollout.Engine(cfg, params, **KW)
+    outs = eng.generate(prompts, sp)
     temp = sp.temperature if sp.temperature > 0 else 1.0
     seqs = [p + o.tokens for p, o in zip(prompts, outs)]
     ref = np.asarray(models.token_logprobs(cfg, params, *padded(seqs), temperature=temp))
@@ -85,6 +86,15 @@ def test_logprobs_equal_trainer_token_logprobs(model, sp):
             lg = logits[i, len(p) - 1:len(p) - 1 + n]
             ranks = (lg > lg[np.arange(n), o.tokens][:, None]).sum(-1)
             assert ranks.max() < sp.top_k
+        # top_logprobs (a server's alternatives): the same distribution; the sampled token is in
+        # the top 4 with its own logprob, or below all four
+        top_lp, top_ids = eng.top_logprobs(p + o.tokens, len(p), 4, sp.temperature)
+        assert top_lp.shape == top_ids.shape == (n, 4)
+        hit = top_ids == np.asarray(o.tokens)[:, None]
+        np.testing.assert_allclose(top_lp[hit], np.asarray(o.logprobs)[hit.any(-1)], atol=1e-4)
+        assert np.all(top_lp[~hit.any(-1), -1] >= np.asarray(o.logprobs)[~hit.any(-1)] - 1e-4)
+        if sp.temperature == 0:
+            assert hit[:, 0].all()
 
 
 def _stop_token_after(tokens, at_least=3):

@@ -81,6 +81,24 @@ def test_models_and_a_chat_completion_equal_to_offline_generation(live):
     assert all(t.logprob <= 0 for t in a.choices[0].logprobs.content)
 
 
+def test_top_logprobs_rank_the_alternatives_of_each_token(live):
+    """OpenAI's top_logprobs: per generated token, the k most likely tokens from the same
+    distribution (greedy: the chosen token first, with its own logprob); streamed, the final chunk
+    carries the same list."""
+    client = live["client"]
+    kw = dict(model="tiny", messages=USER, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(**kw)
+    content = r.choices[0].logprobs.content
+    assert content and all(len(t.top_logprobs) == 3 for t in content)
+    for t in content:
+        assert t.top_logprobs[0].token == t.token and abs(t.top_logprobs[0].logprob - t.logprob) < 1e-4
+        assert [a.logprob for a in t.top_logprobs] == sorted((a.logprob for a in t.top_logprobs), reverse=True)
+        assert all(a.bytes == list(a.token.encode("utf-8")) for a in t.top_logprobs)
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert len(streamed) == 1 and streamed[0].content == content
+
+
 def test_streaming_adds_up_to_the_non_streamed_reply(live):
     client = live["client"]
     kw = dict(model="tiny", messages=USER, max_tokens=48, temperature=1.0, seed=11)
