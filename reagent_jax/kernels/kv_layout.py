@@ -22,7 +22,8 @@ from jax.sharding import Mesh
 
 from reagent_jax.parallel.mesh import mesh_platform
 
-ORDERS = {"cpu": "lnksd", "gpu": "lnskd", "tpu": "lnskd"}
+HEADS_MAJOR = "lnksd"  # the order the CPU kernels read, whatever the table below says
+ORDERS = {"cpu": HEADS_MAJOR, "gpu": "lnskd", "tpu": "lnskd"}
 _LOGICAL = {"l": "layers", "n": "cache_batch", "k": "kv_heads", "s": "cache_len", "d": "head_dim"}
 
 
@@ -32,8 +33,9 @@ def order(mesh: Optional[Mesh]) -> str:
 
 
 def heads_major(mesh: Optional[Mesh]) -> bool:
-    """True for the CPU order (what the CPU kernels read)."""
-    return order(mesh) == ORDERS["cpu"]
+    """True when the cache is in the order the CPU kernels read (a benchmark may set another
+    order for CPU in `ORDERS`: the kernels must then step aside, not read it wrongly)."""
+    return order(mesh) == HEADS_MAJOR
 
 
 def layer_order(mesh: Optional[Mesh]) -> str:
