@@ -20,7 +20,8 @@ def get_config() -> ml_collections.ConfigDict:
     # Level-1/2 questions over 8 entities: 720 distinct training questions (so SFT must learn to copy
     # names and values rather than memorise trajectories); 80 unseen questions are held out.
     c.world = ml_collections.ConfigDict(dict(seed=0, n_entities=8, n_questions=800, heldout_fraction=0.1,
-                                             level_weights=(0.5, 0.5, 0.0), search_topk=1))
+                                             level_weights=(0.5, 0.5, 0.0), search_topk=1,
+                                             operators=("plus", "minus", "times")))
     # A compact BPE trained on the world's texts (the real Qwen3 tokenizer is used for real checkpoints);
     # numbers of up to 4 digits become single tokens, so copying a value is one token, not four.
     c.tokenizer = ml_collections.ConfigDict(dict(kind="compact", vocab_size=2048, path="", max_digits=4))

@@ -46,7 +46,8 @@ def build_world(config):
     return worlds.make_world(worlds.WorldConfig(seed=w.seed, n_entities=w.n_entities, n_questions=w.n_questions,
                                             heldout_fraction=w.heldout_fraction,
                                             level_weights=tuple(w.level_weights),
-                                            search_topk=w.get("search_topk", 2)))
+                                            search_topk=w.get("search_topk", 2),
+                                            operators=tuple(w.get("operators", worlds.WorldConfig.operators))))
 
 
 def build_tokenizer(config, workdir: str, world=None):

@@ -54,6 +54,9 @@ class WorldConfig:
     level_weights: tuple[float, float, float] = (0.3, 0.5, 0.2)  # levels 1, 2, 3
     search_topk: int = 2  # documents per search call in expert trajectories
     syllables: tuple[str, ...] = DEFAULT_SYLLABLES
+    # The words level-2/3 questions combine terms with (a subset of OPS). A model too small to read
+    # the operator from the question can still learn a world with one (the CPU quickstart).
+    operators: tuple[str, ...] = tuple(OPS)
 
     def validate(self) -> None:
         if self.n_entities < 3:
@@ -66,6 +69,12 @@ class WorldConfig:
             raise ValueError(f"WorldConfig.level_weights must be three non-negative weights, got {self.level_weights}")
         if self.search_topk < 1:
             raise ValueError(f"WorldConfig.search_topk must be >= 1, got {self.search_topk}")
+        ops = tuple(self.operators)
+        if not ops or len(set(ops)) != len(ops) or not set(ops) <= set(OPS):
+            raise ValueError(f"WorldConfig.operators must be distinct words from {tuple(OPS)}, got {self.operators}")
+        if self.level_weights[2] > 0 and not {"plus", "minus"} & set(ops):
+            raise ValueError("WorldConfig: level-3 questions (level_weights[2] > 0) combine with plus / minus; "
+                             f"operators={ops} has neither")
         if len(set(self.syllables)) < 4 or not all(re.fullmatch(r"[a-z]+", s) for s in self.syllables):
             raise ValueError(f"WorldConfig.syllables must hold >= 4 distinct lowercase syllables, got {self.syllables}")
 
@@ -288,7 +297,10 @@ def _small(attribute: str) -> bool:
     return all(hi <= SMALL_ATTRIBUTE_MAX for attrs in KINDS.values() for a, lo, hi in attrs if a == attribute)
 
 
-def _make_question(rng: random.Random, entities: Sequence[Entity], level: int) -> tuple[str, tuple[Term, ...], tuple[str, ...]]:
+def _make_question(rng: random.Random, entities: Sequence[Entity], level: int,
+                   operators: Sequence[str] = tuple(OPS)) -> tuple[str, tuple[Term, ...], tuple[str, ...]] | None:
+    """(text, terms, ops), or None when no allowed operator fits the drawn terms (times-only and
+    large attributes); the caller draws again."""
     chosen = rng.sample(list(entities), level)
     terms = []
     for e in chosen:
@@ -297,12 +309,16 @@ def _make_question(rng: random.Random, entities: Sequence[Entity], level: int) -
     if level == 1:
         ops: tuple[str, ...] = ()
     elif level == 2:
-        choices = ["plus", "minus"] + (["times"] if all(_small(t.attribute) for t in terms) else [])
+        choices = [o for o in ("plus", "minus") if o in operators]
+        if "times" in operators and all(_small(t.attribute) for t in terms):
+            choices.append("times")
+        if not choices:
+            return None
         ops = (rng.choice(choices),)
         if ops[0] == "minus" and terms[0].value < terms[1].value:
             terms.reverse()  # keep level-2 differences non-negative
     else:
-        ops = tuple(rng.choice(["plus", "minus"]) for _ in range(level - 1))
+        ops = tuple(rng.choice([o for o in ("plus", "minus") if o in operators]) for _ in range(level - 1))
     words = [terms[0].phrase]
     for op, t in zip(ops, terms[1:]):
         words += [op, t.phrase]
@@ -326,7 +342,10 @@ def make_world(config: WorldConfig | None = None, **overrides: Any) -> Synthetic
                 f"lower n_questions ({config.n_questions}) or raise n_entities"
             )
         level = rng.choices((1, 2, 3), weights=config.level_weights)[0]
-        text, terms, ops = _make_question(rng, entities, level)
+        drawn = _make_question(rng, entities, level, config.operators)
+        if drawn is None:
+            continue
+        text, terms, ops = drawn
         if text in seen:
             continue
         seen.add(text)

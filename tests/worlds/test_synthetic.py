@@ -188,6 +188,33 @@ def test_bad_config_is_rejected_clearly():
         worlds.make_world(n_entities=3, n_questions=50, level_weights=(1.0, 0.0, 0.0))
     with pytest.raises(ValueError, match="not a synthetic-world question record"):
         worlds.Question.from_record({"id": "x", "question": "q"})
+    for ops in ((), ("plus", "plus"), ("divide",)):
+        with pytest.raises(ValueError, match="operators"):
+            worlds.make_world(operators=ops)
+    with pytest.raises(ValueError, match="level-3"):
+        worlds.make_world(operators=("times",), level_weights=(0.3, 0.4, 0.3))
+
+
+@pytest.mark.parametrize("operators", [("plus",), ("times",), ("minus", "times")])
+def test_questions_use_only_the_allowed_operators(operators):
+    """A world restricted to some operators (the quickstart's plus-only world) words and computes
+    every question with them; times still only on small attributes."""
+    w = worlds.make_world(seed=1, n_entities=20, n_questions=150, level_weights=(0.2, 0.8, 0.0), operators=operators)
+    used = {op for q in w.questions for op in q.ops}
+    assert used == set(operators)
+    for q in w.questions:
+        if q.level == 2:
+            assert f" {q.ops[0]} " in q.question
+            assert int(q.answer) == worlds.apply_ops([t.value for t in q.terms], q.ops)
+        if "times" in q.ops:
+            assert all(synthetic._small(t.attribute) for t in q.terms)
+
+
+def test_all_operators_is_the_default_world():
+    """Naming every operator draws the same world as not naming any."""
+    a = worlds.make_world(seed=5, n_entities=12, n_questions=120)
+    b = worlds.make_world(seed=5, n_entities=12, n_questions=120, operators=("plus", "minus", "times"))
+    assert a.questions == b.questions and {op for q in a.questions for op in q.ops} == {"plus", "minus", "times"}
 
 
 class _CountingRegistry:
