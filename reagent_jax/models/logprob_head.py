@@ -69,16 +69,24 @@ def _vocab_split(spec: HeadSpec, w: jax.Array) -> jax.Array:
     return constrain(w, axes, spec.mesh, spec.rules)
 
 
-def chunk_logprobs(spec: HeadSpec, w: jax.Array, hc: jax.Array, tc: jax.Array):
-    """hc [B, C, E], targets tc [B, C], w from `compute_weight` -> (logprobs [B, C], entropies [B, C]
-    or None) of softmax(logits / temperature)."""
+def chunk_logits(spec: HeadSpec, w: jax.Array, hc: jax.Array) -> jax.Array:
+    """hc [B, C, E], w from `compute_weight` -> logits / temperature [B, C, V] fp32, vocabulary-
+    sharded when the head is."""
     mesh, rules = spec.mesh, spec.rules
     if spec.vocab_parallel:
         hc = constrain(hc, ("logits_batch", None, None), mesh, rules)
     logits = logits_kernels.project(hc.astype(spec.cfg.jnp_dtype), w, spec.cfg.tie_word_embeddings, mesh)
-    logits = logits / spec.temperature  # [B, C, V] fp32
+    logits = logits / spec.temperature
     if spec.vocab_parallel:
         logits = constrain(logits, ("logits_batch", None, "logits_vocab"), mesh, rules)
+    return logits
+
+
+def chunk_logprobs(spec: HeadSpec, w: jax.Array, hc: jax.Array, tc: jax.Array):
+    """hc [B, C, E], targets tc [B, C], w from `compute_weight` -> (logprobs [B, C], entropies [B, C]
+    or None) of softmax(logits / temperature)."""
+    logits = chunk_logits(spec, w, hc)  # [B, C, V] fp32
+    if spec.vocab_parallel:
         # a masked sum reduces over the vocabulary shards; a gather would collect the logits first
         vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
         target = jnp.sum(jnp.where(vocab == tc[..., None], logits, 0.0), axis=-1)
@@ -128,8 +136,7 @@ def chunked_top_logprobs(spec: HeadSpec, w: jax.Array, h: jax.Array, k: int) -> 
     wc = compute_weight(spec, w)
 
     def one(hc):  # [B, C, E] -> ([B, C, k], [B, C, k])
-        logits = logits_kernels.project(hc.astype(spec.cfg.jnp_dtype), wc, spec.cfg.tie_word_embeddings,
-                                        spec.mesh) / spec.temperature  # [B, C, V]
+        logits = chunk_logits(spec, wc, hc)  # [B, C, V]
         values, ids = jax.lax.top_k(logits, k)
         return values - jax.nn.logsumexp(logits, axis=-1, keepdims=True), ids.astype(jnp.int32)
 
