@@ -12,7 +12,7 @@ ROOT = os.path.join(REPO, "reagent_jax")
 
 # A package may import only packages of a lower layer (docs/architecture.md, "Layers").
 LAYERS = (
-    ("cache", "parallel", "registry"),
+    ("cache", "parallel", "registry", "typed_config"),
     ("kernels", "metrics", "data", "chat", "endpoints", "rewards"),
     ("models",),
     ("rollout", "rl", "checkpoint"),

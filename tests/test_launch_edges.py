@@ -71,7 +71,7 @@ PAPER_OK = dict(data__train_path="/data/rl.jsonl", rrm__base_urls="http://rrm:80
     ("smollm2_gsm8k", dict(data__sft_from=""), 1, ["config.data.sft_path='': the sft stage needs"]),
     ("quickstart", dict(strategy="reagent_x"), 1, ["config.strategy='reagent_x': use one of grpo, reagent_c, "
                                                    "reagent_r, reagent_u"]),
-    ("quickstart", dict(sft__micro_batches=3), 1, ["config.sft.micro_batches=3: sft.batch_size=8 is not divisible"]),
+    ("quickstart", dict(sft__micro_batches=3), 1, ["config.sft.micro_batches=3: batch_size=8 is not divisible"]),
     ("quickstart", dict(grpo__advantage="gae", grpo__loss_agg_mode="mean"), 1,
      ["config.grpo.advantage='gae': use one of dr_grpo, grpo, rloo",
       "config.grpo.loss_agg_mode='mean': use one of token-mean"]),
@@ -114,7 +114,7 @@ PAPER_OK = dict(data__train_path="/data/rl.jsonl", rrm__base_urls="http://rrm:80
       "config.dpo.loss_type='kto': use one of sigmoid, robust, ipo, hinge"]),
     ("evalplanner_quickstart", dict(stages="judge_sft,judge_seed", dpo__micro_batches=3), 1,
      ["config.stages='judge_sft,judge_seed': out of order",
-      "config.dpo.micro_batches=3: dpo.batch_size=4 is not divisible by 3"]),
+      "config.dpo.micro_batches=3: batch_size=4 is not divisible by 3"]),
     ("evalplanner_quickstart", dict(data__source="jsonl", stages="judge_data,judge_sft"), 1,
      ["config.data.eval_paths='': data.source='jsonl' needs", "config.data.train_paths='': data.source='jsonl'"]),
     ("evalplanner_quickstart", dict(data__flaws="no_boxed,typo", data__source="csv"), 1,
@@ -326,7 +326,7 @@ def test_cli_invalid_config_stops_before_any_work(tmp_path):
                 "--config.sft.micro_batches=3")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "config.strategy='reagent_x': use one of grpo, reagent_c, reagent_r, reagent_u" in proc.stderr
-    assert "config.sft.micro_batches=3: sft.batch_size=8 is not divisible by 3 micro-batches" in proc.stderr
+    assert "config.sft.micro_batches=3: batch_size=8 is not divisible by 3 micro-batches" in proc.stderr
     assert not workdir.exists()
     proc = _run("evaluate.py", f"--outdir={tmp_path / 'e'}", f"--config.policy.path={tmp_path / 'missing'}",
                 "--config.scoring.method=gpt4", "--config.benchmarks=bamboogle")

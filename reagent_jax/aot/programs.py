@@ -26,7 +26,7 @@ from reagent_jax.models.flops import (attention_flops_per_token, dense_flops_per
                                       sequence_flops)
 from reagent_jax.models.functional import param_shapes, param_shardings, token_logprobs
 from reagent_jax.parallel.rules import named_sharding
-from reagent_jax.pipelines.context import model_config as from_fields
+from reagent_jax.pipelines.context import model_config as from_fields, typed_blocks
 from reagent_jax.rl import objectives as obj
 from reagent_jax.rl import train_step as ts
 from reagent_jax.rollout import kernels
@@ -291,23 +291,21 @@ def _mesh_str(mesh: Mesh) -> str:
 
 
 def _opt(block) -> ts.OptimizerConfig:
-    return ts.OptimizerConfig(learning_rate=float(block.get("learning_rate", 1e-5)),
-                              max_grad_norm=float(block.get("max_grad_norm", 1.0)))
+    """The optimizer of a typed stage block (SFT and DPO clip gradients at 1.0, as their trainers do)."""
+    return ts.OptimizerConfig(learning_rate=block.learning_rate, max_grad_norm=getattr(block, "max_grad_norm", 1.0))
 
 
-def _grpo_rows(config, block_name: str) -> int:
-    g = config[block_name]
+def _grpo_rows(config, g, block_name: str) -> int:
     per_episode = 2 if config.get("strategy") == "reagent_u" and block_name == "grpo" else 1
     rows = g.questions_per_step * g.n * per_episode
     rows = -(-rows // g.micro_batches) * g.micro_batches
-    mini = int(g.get("mini_batches", 1))
-    cap = -(-rows // mini)
+    cap = -(-rows // g.mini_batches)
     return -(-cap // g.micro_batches) * g.micro_batches
 
 
-def _grpo_programs(config, name, cfg, mesh, length, resident, engine_resident) -> list[Program]:
-    g = config[name]
-    rows = _grpo_rows(config, name)
+def _grpo_programs(config, blocks, name, cfg, mesh, length, resident, engine_resident) -> list[Program]:
+    g = blocks[name]
+    rows = _grpo_rows(config, g, name)
     temperature = float(config.agent.temperature) if name == "grpo" else 1.0
     objective = obj.grpo_objective(cfg, g, temperature)
     train_resident = dict(engine_resident)
@@ -319,7 +317,7 @@ def _grpo_programs(config, name, cfg, mesh, length, resident, engine_resident) -
     if g.beta:
         out.append(logprob_program(f"{name}/ref_logprobs", cfg, mesh, per_micro, length,
                                    {**resident, **train_resident, **_opt_state_bytes(cfg, mesh, g)}))
-    if g.get("old_logprobs", "rollout") == "recompute":
+    if g.old_logprobs == "recompute":
         out.append(logprob_program(f"{name}/old_logprobs", cfg, mesh, per_micro, length,
                                    {**resident, **train_resident, **_opt_state_bytes(cfg, mesh, g)}))
     return out
@@ -332,8 +330,7 @@ def _opt_state_bytes(cfg, mesh, block) -> dict[str, float]:
 def _engine_programs(prefix, cfg, mesh, r, max_len, resident) -> list[Program]:
     return [prefill_program(f"{prefix}/prefill", cfg, mesh, r.num_slots, max_len, min(r.prefill_chunk, max_len),
                             resident),
-            decode_program(f"{prefix}/decode", cfg, mesh, r.num_slots, max_len, int(r.get("decode_steps", 8)),
-                           resident)]
+            decode_program(f"{prefix}/decode", cfg, mesh, r.num_slots, max_len, r.decode_steps, resident)]
 
 
 def _engine_weights(cfg, mesh: Mesh) -> float:
@@ -346,32 +343,32 @@ def agent_programs(config, cfg, mesh: Mesh) -> list[Program]:
     syncs a fresh copy each step, `timing_s/sync_weights`); the trainer's params and optimizer
     state during rollouts; a local judge's weights and KV cache throughout."""
     stages = [s.strip() for s in config.stages.split(",") if s.strip()]
-    r = config.rollout
+    blocks = typed_blocks(config)
+    r = blocks["rollout"]
     engine = {"engine KV cache": _resident_engine(cfg, mesh, r.num_slots, r.max_len)}
     engine_weights = {"engine weights": _engine_weights(cfg, mesh)}
     out: list[Program] = []
     if any(s.startswith("rrm_") for s in stages):
         rrm_len = int(config.rrm.max_len)
         if "rrm_sft" in stages:
-            b = config.rrm_sft
+            b = blocks["rrm_sft"]
             out.append(train_program("rrm_sft/train_step", cfg, mesh, obj.SFTObjective(cfg), b.batch_size,
                                      min(b.max_len, rrm_len), b.micro_batches, _opt(b), {**engine, **engine_weights}))
         if "rrm_grpo" in stages:
             judge_engine = {"judge engine KV cache": _resident_engine(cfg, mesh, r.num_slots, rrm_len)}
-            out += _grpo_programs(config, "rrm_grpo", cfg, mesh, rrm_len, {**engine, **engine_weights}, judge_engine)
+            out += _grpo_programs(config, blocks, "rrm_grpo", cfg, mesh, rrm_len, {**engine, **engine_weights}, judge_engine)
     if "sft" in stages:
-        b = config.sft
-        out.append(train_program("sft/train_step", cfg, mesh,
-                                 obj.SFTObjective(cfg, context_weight=float(b.get("context_loss_weight", 0.0))),
+        b = blocks["sft"]
+        out.append(train_program("sft/train_step", cfg, mesh, obj.SFTObjective(cfg, context_weight=b.context_loss_weight),
                                  b.batch_size, b.max_len, b.micro_batches, _opt(b), {**engine, **engine_weights}))
     judge_resident = {}
     if config.get("strategy", "grpo") != "grpo" and config.rrm.judge == "local":
         judge_resident = {"judge engine KV cache": _resident_engine(cfg, mesh, r.num_slots, int(config.rrm.max_len)),
                           "judge engine weights": _engine_weights(cfg, mesh)}
     if "grpo" in stages:
-        out += _grpo_programs(config, "grpo", cfg, mesh, r.max_len, judge_resident, engine)
+        out += _grpo_programs(config, blocks, "grpo", cfg, mesh, r.max_len, judge_resident, engine)
     policy_state = {"trainer params": per_chip_bytes(_params(cfg, mesh)),
-                    **_opt_state_bytes(cfg, mesh, config.grpo if "grpo" in stages else config.sft)}
+                    **_opt_state_bytes(cfg, mesh, blocks["grpo"] if "grpo" in stages else blocks["sft"])}
     out += _engine_programs("rollout", cfg, mesh, r, r.max_len, {**policy_state, **judge_resident})
     if judge_resident:
         out += _engine_programs("judge", cfg, mesh, r, int(config.rrm.max_len),
@@ -381,16 +378,17 @@ def agent_programs(config, cfg, mesh: Mesh) -> list[Program]:
 
 def evalplanner_programs(config, cfg, mesh: Mesh) -> list[Program]:
     stages = [s.strip() for s in config.stages.split(",") if s.strip()]
-    r = config.rollout
+    blocks = typed_blocks(config)
+    r = blocks["rollout"]
     engine = {"engine KV cache": _resident_engine(cfg, mesh, r.num_slots, r.max_len),
               "engine weights": _engine_weights(cfg, mesh)}
     out: list[Program] = []
-    for stage, block in (("judge_seed", config.seed_judge), ("judge_sft", config.sft)):
+    for stage, block in (("judge_seed", blocks.get("seed_judge")), ("judge_sft", blocks["sft"])):
         if stage in stages:
             out.append(train_program(f"{stage}/train_step", cfg, mesh, obj.SFTObjective(cfg), block.batch_size,
                                      block.max_len, block.micro_batches, _opt(block), dict(engine)))
     if "judge_dpo" in stages:
-        d = config.dpo
+        d = blocks["dpo"]
         dpo = obj.DPOObjective(cfg, loss_type=d.loss_type, beta=d.beta, label_smoothing=d.label_smoothing,
                                nll_coef=d.nll_coef)
         out.append(train_program("judge_dpo/train_step", cfg, mesh, dpo, d.batch_size, d.max_len, d.micro_batches,
@@ -398,7 +396,7 @@ def evalplanner_programs(config, cfg, mesh: Mesh) -> list[Program]:
         out.append(logprob_program("judge_dpo/ref_logprobs", cfg, mesh, 2 * d.batch_size, d.max_len,
                                    {**engine, **_opt_state_bytes(cfg, mesh, d)}))
     out += _engine_programs("rollout", cfg, mesh, r, r.max_len, {"trainer params": per_chip_bytes(_params(cfg, mesh)),
-                                                                 **_opt_state_bytes(cfg, mesh, config.sft)})
+                                                                 **_opt_state_bytes(cfg, mesh, blocks["sft"])})
     return out
 
 

@@ -20,6 +20,7 @@ from reagent_jax.endpoints import EndpointConfig
 from reagent_jax.eval.harness import DEFAULT_TOOL_SETS, BenchmarkSpec, EvalSettings, Evaluator, tools_for
 from reagent_jax.eval.llm_judge import LLMAnswerJudge
 from reagent_jax.eval.scoring import AnswerScorer
+from reagent_jax.rollout import RolloutConfig
 from reagent_jax.rrm.remote import RemoteJudge
 from reagent_jax.serve import EngineChatClient, ModelService, ServerLimits, build_engine, load_policy
 
@@ -79,17 +80,6 @@ def agent_config(config) -> AgentConfig:
                        seed=config.seed)
 
 
-def engine_kwargs(r) -> dict[str, Any]:
-    """Engine settings from a config's `rollout` block; bucket lists are comma-separated ints
-    ("" = the engine's defaults). Fixed buckets mean fewer compilations."""
-    kw = dict(num_slots=r.num_slots, max_len=r.max_len, prefill_chunk=r.prefill_chunk, decode_steps=r.decode_steps)
-    for name in ("length_buckets", "row_buckets", "window_buckets"):
-        value = r.get(name) or ""
-        if value:
-            kw[name] = tuple(int(x) for x in _split(value) if x) if isinstance(value, str) else tuple(value)
-    return kw
-
-
 class _Backends:
     """Chat clients for judges; keeps engines it loads so they are built once and stopped at the end."""
 
@@ -115,7 +105,7 @@ class _Backends:
                 raise ValueError(f"{role}: kind 'checkpoint' needs path")
             judge_policy = load_policy(j.path, j.get("tokenizer") or None, dtype=self.config.policy.dtype, mesh=self.mesh)
             engine = build_engine(judge_policy, mesh=self.mesh, seed=self.config.seed,
-                                  **engine_kwargs(self.config.rollout))
+                                  **RolloutConfig.from_config(self.config.rollout, "rollout").engine_kwargs())
             self.engines.append(engine)
             svc = ModelService(engine, judge_policy.tokenizer, os.path.basename(j.path.rstrip("/")) or "judge",
                                limits=limits)
@@ -139,7 +129,7 @@ def run(config, out_dir: str) -> dict[str, Any]:
     if not config.policy.path:
         raise ValueError("config.policy.path is empty: give an HF checkpoint dir or a reagent_jax params dir")
     policy = load_policy(config.policy.path, config.policy.tokenizer or None, dtype=config.policy.dtype, mesh=mesh)
-    engine = build_engine(policy, mesh=mesh, seed=config.seed, **engine_kwargs(config.rollout))
+    engine = build_engine(policy, mesh=mesh, seed=config.seed, **RolloutConfig.from_config(config.rollout, "rollout").engine_kwargs())
     backends = _Backends(config, policy, engine, mesh)
     try:
         scorer = AnswerScorer(correct_threshold=config.scoring.correct_threshold)

@@ -17,10 +17,10 @@ is in memory during the update. Sequences of chosen and rejected go through one 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
-import types
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -28,14 +28,28 @@ import numpy as np
 
 from reagent_jax import chat
 from reagent_jax.evalplanner import prompts as P
-from reagent_jax.evalplanner.judge import PairItem, final_messages
+from reagent_jax.evalplanner.judge import FORMATS, PairItem, final_messages
 from reagent_jax.rl.objectives import DPOObjective, sequence_logps
+from reagent_jax.rl.stage_config import BatchStageConfig, DPOConfig, SFTConfig
 from reagent_jax.rl.train_step import OptimizerConfig
 from reagent_jax.trainers.batching import default_buckets, pad_rows
 from reagent_jax.trainers.sft import batch_indices
 from reagent_jax.trainers.stage import StageRunner
+from reagent_jax.typed_config import Problem, in_range
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedJudgeConfig(SFTConfig):
+    """config.seed_judge: SFT of the seed judge on a scripted teacher's chains (synthetic pairs)."""
+    formats: str = ""               # comma-separated judge formats to train on; "" = config.judge.format
+    teacher_error_rate: float = 0.0  # how often the teacher's verdict is wrong
+
+    def problems(self) -> list[Problem]:
+        unknown = [f for f in self.formats.split(",") if f.strip() and f.strip() not in FORMATS]
+        return (super().problems() + in_range(self, "teacher_error_rate", 0.0, 1.0)
+                + ([("formats", f"unknown {', '.join(unknown)}; use names from {', '.join(FORMATS)}")] if unknown else []))
 
 
 def _row(tok, messages, answer: str, enable_thinking: bool) -> dict[str, list[int]]:
@@ -149,12 +163,13 @@ def _save_reference(path: str, key: str, ref: np.ndarray) -> None:
     os.replace(path + ".key.tmp", path + ".key")
 
 
-def run_dpo(ctx, model_cfg, params, pairs: Sequence[dict], dpo_cfg, stage: str, seed: int = 0):
+def run_dpo(ctx, model_cfg, params, pairs: Sequence[dict], dpo_cfg: DPOConfig, stage: str, seed: int = 0):
     """Trains `dpo_cfg.steps` steps of DPO from `params` (also the reference); returns the final
     params (saved under <stage>/final). Reference logprobs are cached in <stage>/ref_logps.npy."""
+    dpo_cfg = DPOConfig.from_config(dpo_cfg, stage)
     if not pairs:
         raise ValueError(f"{stage}: no DPO pairs (every group was all-correct or all-wrong, or all were dropped)")
-    bsz = int(dpo_cfg.batch_size)
+    bsz = dpo_cfg.batch_size
     key = _pairs_key(pairs, dpo_cfg.max_len)
     path = os.path.join(ctx.stage_dir(stage), "ref_logps.npy")
     ref = _cached_reference(path, key, len(pairs))
@@ -166,8 +181,7 @@ def run_dpo(ctx, model_cfg, params, pairs: Sequence[dict], dpo_cfg, stage: str, 
     objective = DPOObjective(model_cfg, loss_type=dpo_cfg.loss_type, beta=dpo_cfg.beta,
                              label_smoothing=dpo_cfg.label_smoothing, nll_coef=dpo_cfg.nll_coef)
     runner = StageRunner(ctx, stage, model_cfg, params, objective, opt, total_steps=dpo_cfg.steps,
-                         micro_batches=dpo_cfg.micro_batches, checkpoint_every=ctx.config.checkpoint.every,
-                         keep=ctx.config.checkpoint.keep, progress_keys=["dpo/loss", "rewards/accuracies"],
+                         micro_batches=dpo_cfg.micro_batches, checkpoint=ctx.checkpoint, progress_keys=["dpo/loss", "rewards/accuracies"],
                          data_config={"num_pairs": len(pairs), "pairs_sha256": key[:16], "batch_size": bsz,
                                       "seed": seed})
     buckets = default_buckets(dpo_cfg.max_len)
@@ -182,19 +196,16 @@ def run_dpo(ctx, model_cfg, params, pairs: Sequence[dict], dpo_cfg, stage: str, 
     return runner.run(batch_fn)
 
 
-def fit_batch(cfg, n_rows: int):
+def fit_batch(cfg: BatchStageConfig, n_rows: int) -> BatchStageConfig:
     """A copy of an SFT / DPO config whose batch size does not exceed the data (tiny runs).
 
     A shrunk batch stays a multiple of `micro_batches` (rounded down) so each micro-batch keeps at
     most its configured size: micro-batches exist to bound memory, so they are never merged into
     one; only a batch smaller than `micro_batches` gets one row per micro-batch."""
-    d = dict(cfg.items()) if hasattr(cfg, "items") else dict(vars(cfg))
-    size = max(1, min(int(d["batch_size"]), n_rows))
-    mb = max(1, int(d.get("micro_batches", 1)))
+    size, mb = max(1, min(cfg.batch_size, n_rows)), cfg.micro_batches
     if size % mb:
         fitted = (size - size % mb, mb) if size >= mb else (size, size)
         log.warning("batch_size %d with micro_batches=%d does not fit %d rows; using batch_size %d in %d "
-                    "micro-batch(es)", int(d["batch_size"]), mb, n_rows, *fitted)
+                    "micro-batch(es)", cfg.batch_size, mb, n_rows, *fitted)
         size, mb = fitted
-    d["batch_size"], d["micro_batches"] = size, mb
-    return types.SimpleNamespace(**d)
+    return dataclasses.replace(cfg, batch_size=size, micro_batches=mb)

@@ -68,7 +68,7 @@ def expert_conversations(ctx, registry, loop: AgentLoop, questions) -> list[list
     """Expert trajectories with the real tools' responses and the agent loop's own prompt."""
     system = loop.config.system_prompt
     real = worlds.RegistryTools(registry)
-    fraction = ctx.config.sft.get("by_hand_fraction", 0.0)
+    fraction = ctx.blocks["sft"].by_hand_fraction
     rng = random.Random(ctx.config.seed)
     by_hand = [rng.random() < fraction for _ in questions]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -80,7 +80,7 @@ def expert_conversations(ctx, registry, loop: AgentLoop, questions) -> list[list
 def solution_conversations(ctx, registry, loop, records) -> list[list[dict]]:
     """SFT conversations from the first `sft.num_examples` training rows with a worked solution."""
     real = worlds.RegistryTools(registry)
-    limit = ctx.config.sft.get("num_examples", 0) or len(records)
+    limit = ctx.blocks["sft"].num_examples or len(records)
     convs, skipped = [], 0
     for rec in records:
         if len(convs) >= limit:
@@ -114,8 +114,7 @@ def local_judge(ctx) -> LocalJudge:
     if not ctx.has_final(stage):
         raise ValueError("rrm.judge=local needs a trained RRM: add rrm_sft (and rrm_grpo) to config.stages")
     cfg, params = load_policy(ctx, stage)
-    engine = Engine(cfg, params, num_slots=ctx.config.rollout.num_slots, max_len=r.max_len,
-                    prefill_chunk=ctx.config.rollout.prefill_chunk, mesh=ctx.mesh, tokenizer=ctx.tokenizer)
+    engine = rrm_engine(ctx, cfg, params)
     engine.start_background()
     return LocalJudge(engine, ctx.tokenizer, max_new_tokens=r.max_new_tokens)
 
@@ -137,6 +136,13 @@ def make_strategy(ctx, judge):
     return strategies.build(ctx.config.strategy, judge, strategies.RRMConfig(lam=r.lam, refine_below=r.refine_below))
 
 
+def rrm_engine(ctx, cfg, params) -> Engine:
+    """An engine for the RRM: the run's rollout settings at the RRM's own max_len."""
+    r = ctx.rollout
+    return Engine(cfg, params, num_slots=r.num_slots, max_len=ctx.config.rrm.max_len, prefill_chunk=r.prefill_chunk,
+                  decode_steps=r.decode_steps, mesh=ctx.mesh, tokenizer=ctx.tokenizer)
+
+
 def train_rrm(ctx, registry, system_prompt, stage):
     """rrm_sft / rrm_grpo on annotated synthetic trajectories; returns the RRM params."""
     c = ctx.config
@@ -149,12 +155,11 @@ def train_rrm(ctx, registry, system_prompt, stage):
         cfg, params = load_policy(ctx, None)
         convs = [training.sft_conversation(r["question"], r["trajectory"], r["text"]) for r in records]
         rows = render_examples(ctx.tokenizer, convs, max_len=c.rrm.max_len)
-        return run_sft(ctx, cfg, params, rows, c.rrm_sft, stage="rrm_sft", seed=c.seed)
+        return run_sft(ctx, cfg, params, rows, ctx.blocks["rrm_sft"], stage="rrm_sft", seed=c.seed)
     cfg, params = load_policy(ctx, "rrm_sft")
-    engine = Engine(cfg, params, num_slots=c.rollout.num_slots, max_len=c.rrm.max_len,
-                    prefill_chunk=c.rollout.prefill_chunk, mesh=ctx.mesh, tokenizer=ctx.tokenizer)
+    engine = rrm_engine(ctx, cfg, params)
     collect = training.RRMCollect(ctx.tokenizer, max_new_tokens=c.rrm.max_new_tokens)
-    return run_grpo(ctx, cfg, params, engine, records, c.rrm_grpo, strategy=collect, stage="rrm_grpo", seed=c.seed,
+    return run_grpo(ctx, cfg, params, engine, records, ctx.blocks["rrm_grpo"], strategy=collect, stage="rrm_grpo", seed=c.seed,
                     max_len=c.rrm.max_len)
 
 
@@ -179,9 +184,8 @@ def run(config, workdir: str) -> dict:
     cfg, params = load_policy(ctx, start_from)
     if start_from:
         log.info("starting from the finished %s stage: %s", start_from, ctx.final_dir(start_from))
-    r = config.rollout
-    engine = Engine(cfg, params, num_slots=r.num_slots, max_len=r.max_len, prefill_chunk=r.prefill_chunk,
-                    decode_steps=r.decode_steps, mesh=ctx.mesh, tokenizer=ctx.tokenizer, seed=config.seed)
+    r = ctx.rollout
+    engine = Engine(cfg, params, **r.engine_kwargs(), mesh=ctx.mesh, tokenizer=ctx.tokenizer, seed=config.seed)
     engine.start_background()
     a = config.agent
     tool_names = registry.names
@@ -219,14 +223,14 @@ def run(config, workdir: str) -> dict:
             elif stage == "sft":
                 convs = sft_conversations(ctx, registry, loop, train_records)
                 tools_schema = loop.tool_schemas if a.include_tool_schemas else None
-                examples = render_examples(ctx.tokenizer, convs, tools=tools_schema, max_len=config.sft.max_len)
-                params = run_sft(ctx, cfg, params, examples, config.sft, seed=config.seed)
+                examples = render_examples(ctx.tokenizer, convs, tools=tools_schema, max_len=ctx.blocks["sft"].max_len)
+                params = run_sft(ctx, cfg, params, examples, ctx.blocks["sft"], seed=config.seed)
             else:
                 strategy = None
                 if config.strategy != "grpo":
                     judge = judge or make_judge(ctx)
                     strategy = make_strategy(ctx, judge)
-                params = run_grpo(ctx, cfg, params, loop, train_records, config.grpo, seed=config.seed,
+                params = run_grpo(ctx, cfg, params, loop, train_records, ctx.blocks["grpo"], seed=config.seed,
                                   strategy=strategy, temperature=a.temperature, max_len=r.max_len)
             engine.update_params(params)
             evaluate(stage if config.strategy == "grpo" or stage != "grpo" else config.strategy)

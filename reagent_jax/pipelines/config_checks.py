@@ -6,11 +6,14 @@ The pipelines read most fields only when they get to them: a misspelt strategy, 
 advantage estimator or a batch that micro-batches do not divide used to fail after the tokenizer,
 the SFT stage or the policy load. Here every problem is reported at once, naming the key, its value
 and what is allowed. Allowed values come from the library's own tables wherever it has them.
+
+The typed blocks (`context.TYPED_BLOCKS`: stage hyper-parameters, rollout, checkpoint) validate
+themselves; this module adds what needs the whole config: stage lists, paths, and fields that
+depend on one another across blocks.
 """
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -27,11 +30,12 @@ from reagent_jax.models import preset_names
 from reagent_jax.models.config import REMAT_POLICIES
 from reagent_jax.parallel import MESH_PRESETS, preset_fits
 from reagent_jax.pipelines.agent import JUDGES as RRM_JUDGES, STAGES as AGENT_STAGES
+from reagent_jax.pipelines.context import block_problems
 from reagent_jax.pipelines.evalplanner import STAGES
 from reagent_jax.rewards import REWARD_FNS
-from reagent_jax.rl import ADVANTAGES, AGG_MODES, DPO_LOSS_TYPES, KL_ESTIMATORS, POLICY_LOSSES
+from reagent_jax.rollout import RolloutConfig
 from reagent_jax.rrm.strategies import STRATEGIES
-from reagent_jax.trainers.grpo import OLD_LOGPROBS
+from reagent_jax.typed_config import ConfigError, problems_of
 
 TOKENIZER_KINDS = ("checkpoint", "compact", "qwen3")
 SFT_SOURCES = ("solutions",)  # pipelines.agent.sft_conversations
@@ -41,10 +45,6 @@ CHAIN_SOURCES = ("model", "teacher")
 SCORING_METHODS = ("rule", "llm")
 PIPELINES = ("agent", "evalplanner", "grpo")  # config.pipeline (launch/train.py)
 _MISSING = object()
-
-
-class ConfigError(ValueError):
-    """One or more config fields are invalid; the message lists each as `config.<key>=...: why`."""
 
 
 class _Problems:
@@ -93,15 +93,6 @@ class _Problems:
             return
         if not ((low < value if low_open else low <= value) and value <= high):
             self.add(key, f"must be in {'(' if low_open else '['}{low}, {high}]")
-
-    def batches(self, block: str) -> None:
-        """batch_size >= 1, micro_batches >= 1, and the micro-batches split the batch evenly."""
-        self.at_least(f"{block}.steps", 0)
-        self.at_least(f"{block}.batch_size", 1)
-        self.at_least(f"{block}.micro_batches", 1)
-        bsz, micro = self.get(f"{block}.batch_size", None), self.get(f"{block}.micro_batches", None)
-        if isinstance(bsz, int) and isinstance(micro, int) and bsz >= 1 and micro >= 1 and bsz % micro:
-            self.add(f"{block}.micro_batches", f"{block}.batch_size={bsz} is not divisible by {micro} micro-batches")
 
     def path(self, key: str, what: str) -> None:
         value = self.get(key, "")
@@ -160,35 +151,6 @@ def _sampling(p: _Problems, block: str) -> None:
     p.in_range(f"{block}.top_p", 0.0, 1.0, low_open=True)
 
 
-def _rollout(p: _Problems) -> None:
-    for key in ("num_slots", "prefill_chunk", "decode_steps"):
-        p.at_least(f"rollout.{key}", 1)
-    p.at_least("rollout.max_len", 2)
-    for key in ("length_buckets", "row_buckets", "window_buckets"):
-        value = p.get(f"rollout.{key}", "")
-        if isinstance(value, str) and value.strip() and not re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*,?\s*", value):
-            p.add(f"rollout.{key}", "expected comma-separated positive integers, e.g. '512,1024,2048'")
-
-
-def _grpo(p: _Problems, block: str) -> None:
-    if p.get(block, None) is None:
-        return
-    for key in ("questions_per_step", "n", "micro_batches", "mini_batches"):
-        p.at_least(f"{block}.{key}", 1)
-    p.at_least(f"{block}.steps", 0)
-    p.one_of(f"{block}.advantage", sorted(ADVANTAGES))
-    p.one_of(f"{block}.policy_loss", list(POLICY_LOSSES))
-    p.one_of(f"{block}.kl_kind", list(KL_ESTIMATORS))
-    p.one_of(f"{block}.loss_agg_mode", list(AGG_MODES))
-    p.one_of(f"{block}.old_logprobs", OLD_LOGPROBS)
-    p.at_least(f"{block}.beta", 0.0)
-
-
-def _checkpoint(p: _Problems) -> None:
-    p.at_least("checkpoint.every", 1)
-    p.at_least("checkpoint.keep", 1)
-
-
 def _has_final(workdir: Optional[str], stage: str) -> bool:
     return bool(workdir) and checkpoint.is_params_dir(os.path.join(workdir, stage, "final"))
 
@@ -201,10 +163,6 @@ def _agent(p: _Problems, workdir: Optional[str], check_paths: bool) -> None:
     p.at_least("eval.max_turns", 1)
     p.at_least("eval.num_questions", 0)
     p.at_least("eval.n", 1)
-    p.batches("sft")
-    p.batches("rrm_sft")
-    _grpo(p, "grpo")
-    _grpo(p, "rrm_grpo")
     world = p.get("world", None)
     if world is None:
         if not p.get("data.train_path", ""):
@@ -275,16 +233,10 @@ def _evalplanner(p: _Problems, check_paths: bool) -> None:
     p.one_of("judge.format", FORMATS)
     p.one_of("chains.source", CHAIN_SOURCES)
     p.one_of("chains.pairing", PAIRINGS)
-    p.one_of("dpo.loss_type", list(DPO_LOSS_TYPES))
-    p.names_in("seed_judge.formats", FORMATS)
-    for key in ("chains.num_plans", "chains.num_executions", "dpo.rounds", "judge.max_plan_tokens",
-                "judge.max_execution_tokens"):
+    for key in ("chains.num_plans", "chains.num_executions", "judge.max_plan_tokens", "judge.max_execution_tokens"):
         p.at_least(key, 1)
     p.in_range("judge.top_p", 0.0, 1.0, low_open=True)
     p.at_least("judge.temperature", 0.0)
-    p.in_range("seed_judge.teacher_error_rate", 0.0, 1.0)
-    for block in ("seed_judge", "sft", "dpo"):
-        p.batches(block)
     source = p.get("data.source", "synthetic")
     if source in ("jsonl", "math") and not p.get("data.eval_paths", ""):
         p.add("data.eval_paths", f"data.source={source!r} needs pairwise evaluation JSONL (EVALPLANNER_PAIR schema)")
@@ -310,8 +262,7 @@ def check_train_config(config, workdir: Optional[str] = None, *, num_devices: Op
     p.one_of("pipeline", PIPELINES)
     _mesh(p, num_devices)
     _model(p, check_paths)
-    _rollout(p)
-    _checkpoint(p)
+    p.lines += block_problems(p.config)
     p.at_least("seed", 0)
     if pipeline == "agent":
         _agent(p, workdir, check_paths)
@@ -336,7 +287,6 @@ def _plain_grpo(p: _Problems, check_paths: bool) -> None:
             p.add("reward_weights", f"{len(weights)} weights for {len(names)} rewards")
     p.at_least("prompt.max_new_tokens", 1)
     p.at_least("eval.num_questions", 0)
-    _grpo(p, "grpo")
     if not p.get("data.train_path", ""):
         p.add("data.train_path", "required: the prompts (AGENT_RL schema: question, answer, data_source)")
     if check_paths:
@@ -379,7 +329,8 @@ def check_eval_config(config, *, num_devices: Optional[int] = None, check_paths:
     for name in (sets.keys() if hasattr(sets, "keys") else ()):
         p.names_in(f"tool_sets.{name}", TOOL_NAMES)
     _sampling(p, "agent")
-    _rollout(p)
+    if p.get("rollout", None) is not None:
+        p.lines += problems_of(RolloutConfig, p.get("rollout"), "rollout")
     p.one_of("scoring.method", SCORING_METHODS)
     if p.get("scoring.method", "rule") == "llm":
         _judge(p, "scoring.judge", check_paths)

@@ -1,4 +1,5 @@
-"""Builds what every stage needs from an ml_collections config: mesh, tokenizer, task, model.
+"""Builds what every stage needs from an ml_collections config: mesh, tokenizer, task, model, and
+the typed blocks the trainers read (`TYPED_BLOCKS`: each converted once, here, where a run starts).
 
 Stages share a workdir: the tokenizer is saved in `workdir/tokenizer`, and each stage leaves its
 final policy in `workdir/<stage>/final` (reagent_jax params), which the next stage starts from.
@@ -9,25 +10,63 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import jax
 
 from reagent_jax import chat, checkpoint, data, metrics as metrics_lib, models, parallel, worlds
 from reagent_jax.agent.loop import DEFAULT_SYSTEM_PROMPT, FINAL_STEP_MESSAGE
+from reagent_jax.evalplanner.training import SeedJudgeConfig
 from reagent_jax.parallel import hosts
+from reagent_jax.rl.stage_config import DPOConfig, GRPOConfig, SFTConfig
+from reagent_jax.rollout import RolloutConfig
 from reagent_jax.rrm import build_refinement_message, rrm_system_prompt
+from reagent_jax.trainers.stage import CheckpointConfig
+from reagent_jax.typed_config import Block, ConfigError, problems_of
 
 log = logging.getLogger(__name__)
+
+# config block -> the typed form the trainers read (pipelines take the stage blocks from ctx.blocks)
+TYPED_BLOCKS: dict[str, type[Block]] = {
+    "checkpoint": CheckpointConfig, "rollout": RolloutConfig,
+    "sft": SFTConfig, "grpo": GRPOConfig, "rrm_sft": SFTConfig, "rrm_grpo": GRPOConfig,  # agent, plain GRPO
+    "seed_judge": SeedJudgeConfig, "dpo": DPOConfig,  # EvalPlanner (its "sft" is an SFTConfig too)
+}
+
+
+def block_problems(config) -> list[str]:
+    """`config.<block>.<field>=...: why` for every invalid field of the config's typed blocks."""
+    return [line for name, cls in TYPED_BLOCKS.items() if name in config
+            for line in problems_of(cls, config[name], name)]
+
+
+def typed_blocks(config) -> dict[str, Block]:
+    """The config's blocks of TYPED_BLOCKS as frozen dataclasses; ConfigError naming every invalid
+    field of all of them otherwise."""
+    lines = block_problems(config)
+    if lines:
+        raise ConfigError(f"{len(lines)} invalid config field(s):\n  " + "\n  ".join(lines))
+    return {name: cls.from_config(config[name], name) for name, cls in TYPED_BLOCKS.items() if name in config}
 
 
 @dataclasses.dataclass
 class RunContext:
+    """What every stage of a run shares. `config` is the ml_collections config as launched;
+    `blocks` its typed blocks (TYPED_BLOCKS), which the trainers read."""
     config: Any
     workdir: str
     mesh: Optional[jax.sharding.Mesh]
     tokenizer: Any
     world: Any = None
+    blocks: Mapping[str, Block] = dataclasses.field(default_factory=dict)
+
+    @property
+    def checkpoint(self) -> CheckpointConfig:
+        return self.blocks.get("checkpoint") or CheckpointConfig()
+
+    @property
+    def rollout(self) -> RolloutConfig:
+        return self.blocks.get("rollout") or RolloutConfig()
 
     def stage_dir(self, stage: str) -> str:
         d = os.path.join(self.workdir, stage)
@@ -140,12 +179,13 @@ def resolve_init_from(config) -> None:
 
 
 def make_context(config, workdir: str) -> RunContext:
+    blocks = typed_blocks(config)  # before any work: a bad field fails here
     os.makedirs(workdir, exist_ok=True)
     resolve_init_from(config)
     mesh = None if config.mesh == "single" else parallel.mesh_from_preset(config.mesh)
     world = build_world(config) if config.get("world") else None
     tok = build_tokenizer(config, workdir, world)
-    return RunContext(config=config, workdir=workdir, mesh=mesh, tokenizer=tok, world=world)
+    return RunContext(config=config, workdir=workdir, mesh=mesh, tokenizer=tok, world=world, blocks=blocks)
 
 
 def load_records(ctx) -> tuple[Sequence[dict], list[dict]]:

@@ -157,12 +157,8 @@ class _Run:
                                 max_plan_tokens=j.max_plan_tokens, max_execution_tokens=j.max_execution_tokens,
                                 enable_thinking=j.enable_thinking)
         self.cfg, self.params = load_policy(self.ctx, None)
-        r = config.rollout
-        self.engine = Engine(self.cfg, self.params, num_slots=r.num_slots, max_len=r.max_len,
-                             prefill_chunk=r.prefill_chunk, decode_steps=r.decode_steps, mesh=self.ctx.mesh,
-                             tokenizer=self.tok, seed=config.seed,
-                             **{k: tuple(r[k]) for k in ("length_buckets", "row_buckets", "window_buckets")
-                                if r.get(k)})
+        self.engine = Engine(self.cfg, self.params, **self.ctx.rollout.engine_kwargs(), mesh=self.ctx.mesh,
+                             tokenizer=self.tok, seed=config.seed)
         self.judge = EngineJudge(self.engine, self.tok, self.jcfg)
         self.rows = []
 
@@ -211,7 +207,7 @@ class _Run:
             return self.judge
         if c.source == "teacher":  # scripted chains (tests, or distilling the rule-based judge)
             return SyntheticTeacher(self.world, triples, fmt=self.jcfg.format,
-                                    error_rate=self.config.seed_judge.teacher_error_rate)
+                                    error_rate=self.ctx.blocks["seed_judge"].teacher_error_rate)
         raise ValueError(f"chains.source={c.source!r}; use 'model' or 'teacher'")
 
     def data_round(self, r: int) -> dict:
@@ -238,8 +234,8 @@ class _Run:
     def seed_stage(self) -> None:
         if self.world is None or "seed" not in self.splits:
             raise ValueError("judge_seed needs data.source='synthetic' (the scripted teacher judges synthetic pairs)")
-        s = self.config.seed_judge
-        formats = [f.strip() for f in (s.get("formats") or self.jcfg.format).split(",") if f.strip()]
+        s = self.ctx.blocks["seed_judge"]
+        formats = [f.strip() for f in (s.formats or self.jcfg.format).split(",") if f.strip()]
 
         def train():
             triples, rows = self.splits["seed"], []
@@ -262,21 +258,21 @@ class _Run:
         def train():
             records = self.data_round(1)["sft"]
             rows = sft_rows(self.tok, records, self.jcfg.format, enable_thinking=self.jcfg.enable_thinking,
-                            max_len=self.config.sft.max_len)
+                            max_len=self.ctx.blocks["sft"].max_len)
             if not rows:
                 return self.skip("judge_sft", "no correct chain in round 1 (the seed judge was never right)")
-            return run_sft(self.ctx, self.cfg, self.params, rows, fit_batch(self.config.sft, len(rows)),
+            return run_sft(self.ctx, self.cfg, self.params, rows, fit_batch(self.ctx.blocks["sft"], len(rows)),
                            stage="judge_sft", seed=self.config.seed)
         self.train_stage("judge_sft", train)
 
     def dpo_round(self, r: int) -> None:
         def train():
             pairs = dpo_rows(self.tok, self.data_round(r)["pairs"], self.jcfg.format,
-                             enable_thinking=self.jcfg.enable_thinking, max_len=self.config.dpo.max_len)
+                             enable_thinking=self.jcfg.enable_thinking, max_len=self.ctx.blocks["dpo"].max_len)
             if not pairs:
                 return self.skip(f"judge_dpo_r{r}", f"no DPO pairs in round {r} (no plan and order had both a "
                                                     "right and a wrong chain)")
-            return run_dpo(self.ctx, self.cfg, self.params, pairs, fit_batch(self.config.dpo, len(pairs)),
+            return run_dpo(self.ctx, self.cfg, self.params, pairs, fit_batch(self.ctx.blocks["dpo"], len(pairs)),
                            stage=f"judge_dpo_r{r}", seed=self.config.seed + r)
         self.train_stage(f"judge_dpo_r{r}", train)
 
@@ -298,7 +294,7 @@ def run(config, workdir: str) -> dict:
                 run_.sft_stage()
                 run_.evaluate("sft")
             elif stage == "judge_dpo":
-                for r in range(1, config.dpo.rounds + 1):
+                for r in range(1, run_.ctx.blocks["dpo"].rounds + 1):
                     run_.dpo_round(r)
                     run_.evaluate(f"dpo_r{r}")
     finally:
@@ -307,7 +303,7 @@ def run(config, workdir: str) -> dict:
     wall = time.perf_counter() - t_start
     overall = [row for row in run_.rows if row["category"] == "all"]
     data_rows = []
-    for r in range(1, config.dpo.rounds + 1):
+    for r in range(1, run_.ctx.blocks["dpo"].rounds + 1):
         path = os.path.join(workdir, "judge_data" if r == 1 else f"judge_data_r{r}", "stats.json")
         if os.path.exists(path):
             with open(path) as f:

@@ -86,9 +86,8 @@ def run(config, workdir: str, reward_fns: Optional[Mapping[str, RewardFn]] = Non
     else:
         fns, weights = reward_functions(config)
     cfg, params = load_policy(ctx, "grpo")
-    r, g = config.rollout, config.grpo
-    engine = Engine(cfg, params, num_slots=r.num_slots, max_len=r.max_len, prefill_chunk=r.prefill_chunk,
-                    decode_steps=r.decode_steps, mesh=ctx.mesh, tokenizer=ctx.tokenizer, seed=config.seed)
+    r, g = ctx.rollout, ctx.blocks["grpo"]
+    engine = Engine(cfg, params, **r.engine_kwargs(), mesh=ctx.mesh, tokenizer=ctx.tokenizer, seed=config.seed)
     p = config.prompt
     strategy = CompletionsGRPO(ctx.tokenizer, fns, weights, system_prompt=p.system, temperature=p.temperature,
                                top_p=p.top_p, max_new_tokens=p.max_new_tokens)

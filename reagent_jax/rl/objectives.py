@@ -33,6 +33,7 @@ from reagent_jax.rl.aggregation import AGG_MODES, aggregate_loss, loss_counts, m
 from reagent_jax.rl.dpo import dpo_loss
 from reagent_jax.rl.kl import kl_penalty
 from reagent_jax.rl.policy_loss import POLICY_LOSSES
+from reagent_jax.rl.stage_config import GRPOConfig
 
 
 _Dims = tuple  # dimension names (str, bound by the first array that has them) or fixed ints
@@ -225,13 +226,12 @@ class GRPOObjective:
         return total, metrics
 
 
-def grpo_objective(cfg: Qwen3Config, block, temperature: float = 1.0) -> GRPOObjective:
-    """The GRPOObjective a config's grpo block (a ConfigDict or dict) names; `policy_loss` defaults
-    to "vanilla" for configs written before it existed, `fused_head` to True."""
-    return GRPOObjective(cfg, policy_loss=block.get("policy_loss", "vanilla"), eps_low=block["eps_low"],
-                         eps_high=block["eps_high"], dual_clip_c=block["dual_clip_c"], beta=block["beta"],
-                         kl_kind=block["kl_kind"], loss_agg_mode=block["loss_agg_mode"], temperature=temperature,
-                         fused_head=block.get("fused_head", True))
+def grpo_objective(cfg: Qwen3Config, block: GRPOConfig, temperature: float = 1.0) -> GRPOObjective:
+    """The GRPOObjective a GRPO block names (a GRPOConfig, or a config's grpo block read as one)."""
+    g = GRPOConfig.from_config(block, "grpo")
+    return GRPOObjective(cfg, policy_loss=g.policy_loss, eps_low=g.eps_low, eps_high=g.eps_high,
+                         dual_clip_c=g.dual_clip_c, beta=g.beta, kl_kind=g.kl_kind, loss_agg_mode=g.loss_agg_mode,
+                         temperature=temperature, fused_head=g.fused_head)
 
 
 def sequence_logps(cfg: Qwen3Config, params, tokens, attention_mask, loss_mask, chunk_size: int = 256,

@@ -7,11 +7,12 @@
 Logprobs are log softmax(logits / T) over the full vocabulary before top-k / top-p truncation
 (T = 1 for greedy): the trainer's `models.token_logprobs(..., temperature=T)`.
 """
+from reagent_jax.rollout.config import RolloutConfig
 from reagent_jax.rollout.engine import Engine, EngineError
 from reagent_jax.rollout.kernels import geometric_buckets, init_cache
 from reagent_jax.rollout.layout import ENGINE_RULES, engine_mesh
 from reagent_jax.rollout.sampling import SamplingParams, sample
 from reagent_jax.rollout.session import FINISH_REASONS, Result
 
-__all__ = ["Engine", "EngineError", "ENGINE_RULES", "engine_mesh", "SamplingParams", "Result", "FINISH_REASONS", "sample", "init_cache",
+__all__ = ["Engine", "RolloutConfig", "EngineError", "ENGINE_RULES", "engine_mesh", "SamplingParams", "Result", "FINISH_REASONS", "sample", "init_cache",
            "geometric_buckets"]

@@ -21,6 +21,7 @@ from reagent_jax.models.functional import token_logprobs
 from reagent_jax.rl.advantages import get_advantage_fn
 from reagent_jax.rewards import score_trajectory
 from reagent_jax.rl.objectives import grpo_objective
+from reagent_jax.rl.stage_config import GRPOConfig
 from reagent_jax.rl.train_step import OptimizerConfig
 from reagent_jax.trainers.batching import default_buckets, pad_rows
 from reagent_jax.trainers.sft import batch_indices
@@ -91,9 +92,6 @@ def row_bucket(n: int, micro_batches: int, cap: int) -> int:
     return min(b, cap)
 
 
-OLD_LOGPROBS = ("rollout", "recompute")
-
-
 def update_batches(rows: list[dict], *, mini_batches: int, micro_batches: int, row_cap: int, buckets, max_len: int,
                    seed: int, step: int) -> list[dict]:
     """The rollout rows of one step as `mini_batches` padded batches, one optimizer update each
@@ -117,30 +115,26 @@ def update_batches(rows: list[dict], *, mini_batches: int, micro_batches: int, r
     return out
 
 
-def run_grpo(ctx, model_cfg, params, rollouts, records: list[dict], gcfg, *, strategy=None, stage: str = "grpo",
+def run_grpo(ctx, model_cfg, params, rollouts, records: list[dict], gcfg: GRPOConfig, *, strategy=None, stage: str = "grpo",
              seed: int = 0, temperature: float = 1.0, max_len: int = 1024, rows_per_step: Optional[int] = None):
     """GRPO for gcfg.steps steps over `records`. `rollouts` is what `strategy.collect` draws
     episodes from: an AgentLoop on a running engine (agentic strategies), or the engine itself
     (single-turn strategies: `trainers.completions`, the RRM's); its engine gets each step's weights.
 
-    gcfg.mini_batches (default 1) optimizer updates per rollout step; gcfg.old_logprobs "rollout"
-    (default: the engine's logprobs, same definition as the trainer's) or "recompute" (the actor's
-    logprobs at the start of the step, computed by the trainer before its first update)."""
+    gcfg.mini_batches optimizer updates per rollout step; gcfg.old_logprobs "rollout" (the
+    engine's logprobs, same definition as the trainer's) or "recompute" (the actor's logprobs at the
+    start of the step, computed by the trainer before its first update). `gcfg` may also be the
+    config block itself (a notebook's ConfigDict), read as a GRPOConfig."""
+    gcfg = GRPOConfig.from_config(gcfg, stage)
     strategy = strategy or PlainGRPO()
     engine = getattr(rollouts, "engine", rollouts)
-    mini_batches = int(gcfg.get("mini_batches", 1))
-    old_source = gcfg.get("old_logprobs", "rollout")
-    if old_source not in OLD_LOGPROBS:
-        raise ValueError(f"{stage}.old_logprobs={old_source!r}; use one of {OLD_LOGPROBS}")
-    if mini_batches < 1:
-        raise ValueError(f"{stage}.mini_batches must be >= 1, got {mini_batches}")
+    mini_batches, old_source = gcfg.mini_batches, gcfg.old_logprobs
     adv_fn = get_advantage_fn(gcfg.advantage)
     objective = grpo_objective(model_cfg, gcfg, temperature)
     opt = OptimizerConfig(learning_rate=gcfg.learning_rate, warmup_steps=gcfg.warmup_steps, decay="constant",
                           total_steps=gcfg.steps * mini_batches, max_grad_norm=gcfg.max_grad_norm)
     runner = StageRunner(ctx, stage, model_cfg, params, objective, opt, total_steps=gcfg.steps,
-                         micro_batches=gcfg.micro_batches, checkpoint_every=ctx.config.checkpoint.every,
-                         keep=ctx.config.checkpoint.keep,
+                         micro_batches=gcfg.micro_batches, checkpoint=ctx.checkpoint,
                          progress_keys=["critic/score/mean", "actor/pg_loss", "response_length/mean"],
                          data_config={"questions_per_step": gcfg.questions_per_step, "n": gcfg.n, "seed": seed,
                                       "num_records": len(records), "mini_batches": mini_batches, "max_len": max_len,

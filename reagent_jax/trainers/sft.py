@@ -10,6 +10,7 @@ import numpy as np
 
 from reagent_jax import chat
 from reagent_jax.rl.objectives import SFTObjective
+from reagent_jax.rl.stage_config import SFTConfig
 from reagent_jax.rl.train_step import OptimizerConfig
 from reagent_jax.trainers.batching import default_buckets, pad_rows
 from reagent_jax.trainers.stage import StageRunner
@@ -43,17 +44,18 @@ def batch_indices(n: int, batch_size: int, step: int, seed: int) -> np.ndarray:
     return perm[k * batch_size:(k + 1) * batch_size]
 
 
-def run_sft(ctx, model_cfg, params, rows: list[dict], sft_cfg, stage: str = "sft", seed: int = 0):
-    """Trains for sft_cfg.steps steps; returns the final params (saved under <stage>/final)."""
+def run_sft(ctx, model_cfg, params, rows: list[dict], sft_cfg: SFTConfig, stage: str = "sft", seed: int = 0):
+    """Trains for sft_cfg.steps steps; returns the final params (saved under <stage>/final).
+    `sft_cfg` may also be the config block itself (a notebook's ConfigDict), read as an SFTConfig."""
+    sft_cfg = SFTConfig.from_config(sft_cfg, stage)
     if len(rows) < sft_cfg.batch_size:
         raise ValueError(f"SFT: {len(rows)} examples < batch_size={sft_cfg.batch_size}")
     buckets = default_buckets(sft_cfg.max_len)
     opt = OptimizerConfig(learning_rate=sft_cfg.learning_rate, warmup_steps=sft_cfg.warmup_steps, decay="cosine",
                           total_steps=sft_cfg.steps, max_grad_norm=1.0)
-    objective = SFTObjective(model_cfg, context_weight=float(getattr(sft_cfg, "context_loss_weight", 0.0)))
+    objective = SFTObjective(model_cfg, context_weight=sft_cfg.context_loss_weight)
     runner = StageRunner(ctx, stage, model_cfg, params, objective, opt, total_steps=sft_cfg.steps,
-                         micro_batches=sft_cfg.micro_batches, checkpoint_every=ctx.config.checkpoint.every,
-                         keep=ctx.config.checkpoint.keep, progress_keys=["sft/nll"],
+                         micro_batches=sft_cfg.micro_batches, checkpoint=ctx.checkpoint, progress_keys=["sft/nll"],
                          data_config={"batch_size": sft_cfg.batch_size, "max_len": sft_cfg.max_len, "seed": seed,
                                       "num_examples": len(rows)})
 

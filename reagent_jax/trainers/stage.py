@@ -28,13 +28,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import jax
 import numpy as np
 
-from reagent_jax import checkpoint, metrics as metrics_lib
+from reagent_jax import checkpoint as ckpt_lib, metrics as metrics_lib
 from reagent_jax.metrics import perf
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.flops import train_flops
 from reagent_jax.models.functional import param_shapes, param_shardings
 from reagent_jax.rl import train_step as ts
 from reagent_jax.trainers.interrupt import StopRequested, stop_on_signals
+from reagent_jax.typed_config import Block, Problem, at_least
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +65,23 @@ def _opt_layout(opt_cfg: ts.OptimizerConfig, cfg: Qwen3Config):
     return jax.tree.structure(jax.eval_shape(ts.make_optimizer(opt_cfg).init, param_shapes(cfg)))
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig(Block):
+    """config.checkpoint: a train-state checkpoint every `every` steps (and at the end), the
+    newest `keep` kept."""
+    every: int = 50
+    keep: int = 2
+
+    def problems(self) -> list[Problem]:
+        return at_least(self, every=1, keep=1)
+
+
 class StageRunner:
     def __init__(self, ctx, stage: str, model_cfg, params, objective, opt_cfg: ts.OptimizerConfig, *,
-                 total_steps: int, micro_batches: int = 1, checkpoint_every: int = 50, keep: Optional[int] = 2,
+                 total_steps: int, micro_batches: int = 1, checkpoint: CheckpointConfig = CheckpointConfig(),
                  progress_keys: Sequence[str] = (), data_config: Optional[Mapping[str, Any]] = None):
         """`data_config`: the settings that decide each step's data (batch size, seed, ...),
         recorded in every checkpoint so that a resume with other values is reported."""
-        if checkpoint_every < 1:
-            raise ValueError(f"{stage}: checkpoint every={checkpoint_every}; use a number of steps >= 1")
         self.ctx, self.stage, self.model_cfg, self.opt_cfg = ctx, stage, model_cfg, opt_cfg
         self.total_steps, self.micro_batches = total_steps, micro_batches
         self.data_config = _jsonable(dict(data_config or {}))
@@ -83,8 +93,8 @@ class StageRunner:
                                                 param_shapes(model_cfg))
         self.step_fn = ts.make_train_step(objective, self.optimizer, num_micro_batches=micro_batches,
                                           shardings=self.shardings)
-        self.ckpt = checkpoint.TrainCheckpointer(f"{self.dir}/ckpt", keep=keep)
-        self.checkpoint_every = checkpoint_every
+        self.ckpt = ckpt_lib.TrainCheckpointer(f"{self.dir}/ckpt", keep=checkpoint.keep)
+        self.checkpoint_every = checkpoint.every
         self.state = ts.init_state(params, self.optimizer, self.shardings)
         self.start_step = 0
         restored = self.ckpt.restore_latest(self.state, check=self._check_resume)
@@ -180,7 +190,7 @@ class StageRunner:
                                       initial=self.start_step, log_every=max(1, self.total_steps // 10))
         with stop_on_signals(self.stage, lambda: self.saved_step) as stop:
             self._loop(batch_fn, after_step, bar, stop)
-        checkpoint.save_params(self.ctx.final_dir(self.stage), self.model_cfg, self.state.params)
+        ckpt_lib.save_params(self.ctx.final_dir(self.stage), self.model_cfg, self.state.params)
         return self.state.params
 
     def _loop(self, batch_fn: BatchFn, after_step, bar, stop) -> None:

@@ -13,7 +13,6 @@ import sys
 
 import jax
 import pytest
-from ml_collections import ConfigDict
 
 from reagent_jax import chat, checkpoint, models, rrm
 from reagent_jax.agent import tools
@@ -21,6 +20,7 @@ from reagent_jax.agent.loop import AgentConfig, AgentLoop, DEFAULT_SYSTEM_PROMPT
 from reagent_jax.data import load_benchmark
 from reagent_jax.eval import from_config
 from reagent_jax.eval.llm_judge import GRADER_SYSTEM_PROMPT
+from reagent_jax.rollout import RolloutConfig
 from reagent_jax.eval.harness import BenchmarkSpec, EvalSettings, Evaluator, tools_for
 from reagent_jax.serve import build_engine, load_policy
 from tests.fake_openai_server import FakeOpenAIServer
@@ -184,7 +184,7 @@ class CritiqueJudge:
 
 def test_reagent_c_with_a_generic_judge(workdir, tmp_path):
     policy = load_policy(str(workdir / "grpo" / "final"))
-    engine = build_engine(policy, **from_config.engine_kwargs(ConfigDict(ROLLOUT)))
+    engine = build_engine(policy, **RolloutConfig.from_config(ROLLOUT, "rollout").engine_kwargs())
     judge = CritiqueJudge()
     registry = tools.build_registry({"search": {"backend": "local", "corpus": str(workdir / "corpus.jsonl")}},
                                     names=["search", "browse"])
@@ -219,7 +219,7 @@ class BrokenJudge:
 
 def test_failures_inside_a_sample_are_recorded_not_fatal(workdir, tmp_path, monkeypatch):
     policy = load_policy(str(workdir / "grpo" / "final"))
-    engine = build_engine(policy, **from_config.engine_kwargs(ConfigDict(ROLLOUT)))
+    engine = build_engine(policy, **RolloutConfig.from_config(ROLLOUT, "rollout").engine_kwargs())
     run_episode = AgentLoop.run_episode
 
     def flaky(self, record, sample_index=0, **kw):

@@ -7,13 +7,14 @@ import ml_collections
 
 from reagent_jax import worlds
 from reagent_jax.pipelines import agent as agent_pipeline
+from reagent_jax.rl.stage_config import SFTConfig
 
 
 def _conversations(tmp_path, fraction: float, seed: int = 0):
     world = worlds.make_world(seed=2, n_entities=8, n_questions=120, level_weights=(0.0, 1.0, 0.0), search_topk=1)
-    config = ml_collections.ConfigDict(dict(seed=seed, sft=dict(by_hand_fraction=fraction),
-                                            agent=dict(tools="search,python")))
-    ctx = types.SimpleNamespace(world=world, config=config, workdir=str(tmp_path))
+    config = ml_collections.ConfigDict(dict(seed=seed, agent=dict(tools="search,python")))
+    sft = SFTConfig(steps=1, batch_size=1, learning_rate=0.0, by_hand_fraction=fraction)
+    ctx = types.SimpleNamespace(world=world, config=config, workdir=str(tmp_path), blocks={"sft": sft})
     loop = types.SimpleNamespace(config=types.SimpleNamespace(system_prompt="You are an agent."))
     registry = agent_pipeline.build_registry(ctx)
     return world.train, agent_pipeline.expert_conversations(ctx, registry, loop, world.train)

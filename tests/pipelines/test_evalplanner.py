@@ -124,13 +124,12 @@ def test_reference_logprob_cache_is_tied_to_its_pairs_and_survives_a_torn_write(
     (8, 4, 6, (4, 4)),     # shrunk to the data, rounded down to a multiple of micro_batches
     (8, 4, 3, (3, 3)),     # fewer rows than micro-batches: one row each
     (8, 1, 5, (5, 1)),
-    (6, 4, 100, (4, 4)),   # a config that never divided: rows per micro-batch never grow
 ])
 def test_fit_batch_keeps_micro_batches_bounded(batch, micro, rows, want):
     """Micro-batches bound memory: a shrunk batch never merges them into one bigger micro-batch."""
-    from types import SimpleNamespace
     from reagent_jax.evalplanner.training import fit_batch
-    out = fit_batch(SimpleNamespace(batch_size=batch, micro_batches=micro, steps=3), rows)
-    assert (out.batch_size, out.micro_batches) == want and out.steps == 3
+    from reagent_jax.rl.stage_config import DPOConfig
+    out = fit_batch(DPOConfig(batch_size=batch, micro_batches=micro, steps=3, learning_rate=1e-3, beta=0.2), rows)
+    assert (out.batch_size, out.micro_batches) == want and out.steps == 3 and out.beta == 0.2  # the rest is kept
     assert out.batch_size % out.micro_batches == 0
     assert out.batch_size // out.micro_batches <= max(1, batch // micro)

@@ -24,7 +24,8 @@ from reagent_jax.metrics import MetricsWriter, read_metrics
 from reagent_jax.models.functional import param_shapes
 from reagent_jax.rl import objectives, train_step as ts
 from reagent_jax.pipelines.context import RunContext, load_policy
-from reagent_jax.trainers.stage import StageRunner
+from reagent_jax.trainers.stage import CheckpointConfig, StageRunner
+from reagent_jax.typed_config import ConfigError
 
 CFG = models.preset("tiny", compute_dtype="float32", num_layers=1)
 OPT = ts.OptimizerConfig(learning_rate=1e-2, warmup_steps=2, decay="cosine", total_steps=6)
@@ -65,7 +66,7 @@ def batch(step, nan=False, sft=False):
 def runner(wd, *, total=6, every=2, keep=2, opt=OPT, cfg=CFG, objective=None, data=DATA):
     ctx = RunContext(config=None, workdir=str(wd), mesh=None, tokenizer=None)
     return StageRunner(ctx, "sft", cfg, params0(cfg), objective or Probe(), opt, total_steps=total,
-                       checkpoint_every=every, keep=keep, data_config=data)
+                       checkpoint=CheckpointConfig(every=every, keep=keep), data_config=data)
 
 
 def train(wd, *, kill_at=None, nan_at=(), sft=False, **kw):
@@ -242,7 +243,7 @@ def test_keep_below_one_is_rejected(tmp_path, keep):
 
 
 def test_checkpoint_every_below_one_is_rejected(tmp_path):
-    with pytest.raises(ValueError, match="checkpoint every=0"):
+    with pytest.raises(ConfigError, match=r"CheckpointConfig.every=0: must be >= 1"):
         runner(tmp_path, every=0)
 
 

@@ -9,7 +9,7 @@ from reagent_jax.rl import objectives, train_step as ts
 from reagent_jax.trainers.batching import default_buckets
 from reagent_jax.pipelines.context import RunContext
 from reagent_jax.trainers.grpo import update_batches
-from reagent_jax.trainers.stage import StageRunner
+from reagent_jax.trainers.stage import CheckpointConfig, StageRunner
 
 CFG = models.preset("tiny", compute_dtype="float32", num_layers=2)
 
@@ -72,7 +72,7 @@ def test_runner_applies_a_list_of_batches_as_consecutive_updates(tmp_path):
 
     ctx = RunContext(config=None, workdir=str(tmp_path), mesh=None, tokenizer=None)
     runner = StageRunner(ctx, "grpo", CFG, params, objective, opt_cfg, total_steps=1, micro_batches=2,
-                         checkpoint_every=10)
+                         checkpoint=CheckpointConfig(every=10))
     out = runner.run(lambda s, p: (batches, {}))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), out, state.params)
     assert int(runner.state.step) == 3

@@ -1,0 +1,52 @@
+"""config.rollout as a typed block: the engine settings every pipeline and evaluation builds from.
+
+Bucket lists are comma-separated positive integers in a config ("512,1024,2048", "" = the engine's
+defaults) or tuples of ints; fixed buckets mean fewer compilations.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Union
+
+from reagent_jax.typed_config import Block, Problem, at_least
+
+Buckets = Union[str, tuple[int, ...]]
+_INTS = re.compile(r"\s*\d+(\s*,\s*\d+)*\s*,?\s*")
+
+
+def parse_buckets(value: Buckets) -> tuple[int, ...]:
+    """"512, 1024," or (512, 1024) -> (512, 1024); "" -> ()."""
+    if isinstance(value, str):
+        return tuple(int(x) for x in value.split(",") if x.strip())
+    return tuple(int(x) for x in value)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig(Block):
+    num_slots: int = 16       # sequences decoded together (continuous batching)
+    max_len: int = 2048       # prompt + completion tokens per slot
+    prefill_chunk: int = 512  # prompt tokens per prefill call
+    decode_steps: int = 8     # decode steps fused into one device call
+    length_buckets: Buckets = ""
+    row_buckets: Buckets = ""
+    window_buckets: Buckets = ""
+
+    def problems(self) -> list[Problem]:
+        found = at_least(self, num_slots=1, prefill_chunk=1, decode_steps=1, max_len=2)
+        for key in ("length_buckets", "row_buckets", "window_buckets"):
+            value = getattr(self, key)
+            if isinstance(value, str) and value.strip() and not _INTS.fullmatch(value):
+                found.append((key, "expected comma-separated positive integers, e.g. '512,1024,2048'"))
+            elif isinstance(value, tuple) and not all(v >= 1 for v in value):
+                found.append((key, "expected positive integers"))
+        return found
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `rollout.Engine` (bucket lists only where set)."""
+        kw = dict(num_slots=self.num_slots, max_len=self.max_len, prefill_chunk=self.prefill_chunk,
+                  decode_steps=self.decode_steps)
+        for key in ("length_buckets", "row_buckets", "window_buckets"):
+            if parse_buckets(getattr(self, key)):
+                kw[key] = parse_buckets(getattr(self, key))
+        return kw
