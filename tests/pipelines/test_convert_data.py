@@ -1,8 +1,8 @@
-"""launch/convert_data.py on small files in the layouts of the real downloads (JSONL, JSON, parquet):
+"""Dataset conversion (reagent_jax/pipelines/convert_data.py and its command line launch/convert_data.py) on small files in the layouts of the real downloads (JSONL, JSON, parquet):
 every kind converts to rows its schema accepts and the library loads, odd rows are skipped and
 counted with their file and row, and the command line reports errors without a traceback."""
-import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -13,12 +13,10 @@ import pytest
 
 from reagent_jax import data
 from reagent_jax.evalplanner.pairs import load_triples
+from reagent_jax.pipelines import convert_data as cd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "launch", "convert_data.py")
-spec = importlib.util.spec_from_file_location("convert_data", SCRIPT)
-cd = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cd)
+SCRIPT = os.path.join(ROOT, "launch", "convert_data.py")  # the command line over reagent_jax.pipelines.convert_data
 
 
 def write_jsonl(path, rows):
@@ -203,3 +201,63 @@ def test_rrm_sft_messages_train_the_rrm_with_the_sft_stage(tmp_path):
     # the template renders the judgement's <think> block as the Qwen3 reasoning block: same blocks, parseable
     assert r.text.endswith("<critique>\nSearch first.\n</critique>\n<score>0.20</score><|im_end|>\n")
     assert sum(r.loss_mask) > 0
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+def row(i, **over):
+    return {"question": f"q{i}", "answer": [str(i)], "data_source": "nq", **over}
+
+
+# ---- awkward files ----------------------------------------------------------------------------------
+def convert(tmp_path, name, data, **kw):
+    src = tmp_path / name
+    src.write_bytes(data)
+    out = tmp_path / "out.jsonl"
+    stats = cd.convert("agent_rl", str(src), str(out), **kw)
+    return stats, [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+
+
+def lines_of(*rows):
+    return b"\n".join(json.dumps(r).encode() for r in rows) + b"\n"
+
+
+def test_convert_keeps_a_bom_row_and_skips_a_non_utf8_line_with_its_place(tmp_path):
+    data = BOM + lines_of(row(1)) + b'{"question": "caf\xe9", "answer": "a", "data_source": "nq"}\n' + lines_of(row(3))
+    stats, out = convert(tmp_path, "in.jsonl", data)
+    assert [r["question"] for r in out] == ["q1", "q3"] and stats["skipped"] == 1
+    assert stats["reasons"][0].startswith(f"{tmp_path / 'in.jsonl'}:2: not valid UTF-8")
+
+
+@pytest.mark.parametrize("name, data", [
+    ("lines.json", lines_of(row(1), row(2))),  # JSON Lines under a .json name
+    ("bom.json", BOM + json.dumps([row(1), row(2)]).encode()),
+    ("pretty.jsonl", json.dumps([row(1), row(2)], indent=2).encode()),  # an array under a .jsonl name
+    ("wrapped.json", json.dumps({"data": [row(1), row(2)]}).encode()),
+])
+def test_convert_reads_json_documents_and_json_lines_whatever_the_name(tmp_path, name, data):
+    stats, out = convert(tmp_path, name, data)
+    assert [r["question"] for r in out] == ["q1", "q2"] and stats["skipped"] == 0
+
+
+def test_convert_broken_json_array_and_empty_inputs_say_where(tmp_path):
+    (tmp_path / "cut.json").write_text('[{"question": "q", "answer": "a",\n "data_source": ')
+    with pytest.raises(cd.ConvertError, match=r"cut\.json:2: not valid JSON"):
+        cd.convert("agent_rl", str(tmp_path / "cut.json"), str(tmp_path / "o.jsonl"))
+    (tmp_path / "empty.json").write_text("")
+    with pytest.raises(cd.ConvertError, match="the inputs have no rows"):
+        cd.convert("agent_rl", str(tmp_path / "empty.json"), str(tmp_path / "o.jsonl"))
+    assert not os.path.exists(tmp_path / "o.jsonl") and not os.path.exists(tmp_path / "o.jsonl.tmp")
+
+
+def test_convert_numeric_answers(tmp_path, caplog):
+    data = (b'{"question": "a", "answer": NaN, "data_source": "nq"}\n'
+            b'{"question": "b", "answer": [2.0, 0.5, 7], "data_source": "nq"}\n'
+            b'{"question": "c", "answer": [Infinity], "data_source": "nq"}\n'
+            b'{"question": "d", "answer": 1e300, "data_source": "nq"}\n'
+            b'{"question": "e", "answer": 1234567890123456.0, "data_source": "nq"}\n')
+    with caplog.at_level(logging.WARNING):
+        stats, out = convert(tmp_path, "n.jsonl", data)
+    assert [r["answer"] for r in out] == [["2", "0.5", "7"], ["1e+300"], ["1234567890123456"]]
+    assert stats["skipped"] == 2 and all("not a usable value" in r for r in stats["reasons"])
