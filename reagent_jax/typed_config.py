@@ -74,8 +74,9 @@ def problems_of(cls: type[Block], block: Any, name: str) -> list[str]:
         if key not in known:
             lines.append(format_problem(f"{name}.{key}", block[key], f"unknown field; {cls.__name__} has "
                                                                      f"{', '.join(sorted(known))}"))
-    bad = {k for k, _ in _type_problems_of(cls, values)}
-    lines += [format_problem(f"{name}.{k}", values.get(k, "<unset>"), why) for k, why in _type_problems_of(cls, values)]
+    typed = _type_problems_of(cls, values)
+    bad = {k for k, _ in typed}
+    lines += [format_problem(f"{name}.{k}", values[k], why) for k, why in typed]
     # value checks on the fields whose types are right (defaults stand in for the others)
     probe = object.__new__(cls)
     for f in dataclasses.fields(cls):

@@ -83,8 +83,9 @@ def agent_config(config) -> AgentConfig:
 class _Backends:
     """Chat clients for judges; keeps engines it loads so they are built once and stopped at the end."""
 
-    def __init__(self, config, policy, engine, mesh):
+    def __init__(self, config, policy, engine, mesh, engine_kwargs: dict[str, Any]):
         self.config, self.policy, self.engine, self.mesh = config, policy, engine, mesh
+        self.engine_kwargs = engine_kwargs  # config.rollout's, for the judges' engines too
         self.engines: list = []
         self._policy_service: Optional[ModelService] = None
 
@@ -105,7 +106,7 @@ class _Backends:
                 raise ValueError(f"{role}: kind 'checkpoint' needs path")
             judge_policy = load_policy(j.path, j.get("tokenizer") or None, dtype=self.config.policy.dtype, mesh=self.mesh)
             engine = build_engine(judge_policy, mesh=self.mesh, seed=self.config.seed,
-                                  **RolloutConfig.from_config(self.config.rollout, "rollout").engine_kwargs())
+                                  **self.engine_kwargs)
             self.engines.append(engine)
             svc = ModelService(engine, judge_policy.tokenizer, os.path.basename(j.path.rstrip("/")) or "judge",
                                limits=limits)
@@ -129,8 +130,9 @@ def run(config, out_dir: str) -> dict[str, Any]:
     if not config.policy.path:
         raise ValueError("config.policy.path is empty: give an HF checkpoint dir or a reagent_jax params dir")
     policy = load_policy(config.policy.path, config.policy.tokenizer or None, dtype=config.policy.dtype, mesh=mesh)
-    engine = build_engine(policy, mesh=mesh, seed=config.seed, **RolloutConfig.from_config(config.rollout, "rollout").engine_kwargs())
-    backends = _Backends(config, policy, engine, mesh)
+    engine_kwargs = RolloutConfig.from_config(config.rollout, "rollout").engine_kwargs()
+    engine = build_engine(policy, mesh=mesh, seed=config.seed, **engine_kwargs)
+    backends = _Backends(config, policy, engine, mesh, engine_kwargs)
     try:
         scorer = AnswerScorer(correct_threshold=config.scoring.correct_threshold)
         if config.scoring.method == "llm":
