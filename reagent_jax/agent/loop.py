@@ -110,12 +110,14 @@ class AgentLoop:
             progress: Optional[Callable[[Trajectory], None]] = None, keep_sessions: bool = False) -> list[Trajectory]:
         """n episodes per record (ordered record-major); sample i of record j gets a fixed seed.
 
+        A record is read (`records[j]`) in its episode's thread, only by the process that runs it:
+        given a lazy sequence (`data.RowsAt`), each host reads just its own questions.
         keep_sessions: leave each finished episode's engine session (and KV cache) alive so that
         `continue_many` can append to it without re-prefilling; call `release` afterwards.
         """
         base = self.config.seed if seed is None else seed
-        jobs = [(r, i, episode_seed(base, j, i)) for j, r in enumerate(records) for i in range(n)]
-        return self._map(lambda job: self.run_episode(job[0], sample_index=job[1], seed=job[2], greedy=greedy,
+        jobs = [(j, i, episode_seed(base, j, i)) for j in range(len(records)) for i in range(n)]
+        return self._map(lambda job: self.run_episode(records[job[0]], sample_index=job[1], seed=job[2], greedy=greedy,
                                                       keep_session=keep_sessions), jobs, progress)
 
     def keeps_sessions(self, episodes: int) -> bool:

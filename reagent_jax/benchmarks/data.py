@@ -24,8 +24,24 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def run(num_records: int = 100_000, reads: int = 100_000, seed: int = 0) -> dict:
-    """Times opening and `reads` random reads of `num_records` GSM8K-sized agent_rl rows."""
+def _loader_rate(source, reads: int, seed: int, worker_count: int) -> int:
+    """Records/s through the training loader (shuffled Grain batches of 64), `worker_count`
+    reader processes (0: in this process); worker start-up is not timed."""
+    loader = make_loader(source, batch_size=64, seed=seed, shard_by_process=False, worker_count=worker_count,
+                         read_options=grain.ReadOptions(num_threads=1, prefetch_buffer_size=256))
+    try:
+        seen = len(next(loader))  # the workers are up
+        t0 = time.perf_counter()
+        while seen < reads:
+            seen += len(next(loader))
+        return round((seen - 64) / (time.perf_counter() - t0))
+    finally:
+        loader.close()
+
+
+def run(num_records: int = 100_000, reads: int = 100_000, seed: int = 0, workers: tuple[int, ...] = (0, 2)) -> dict:
+    """Times opening and `reads` random reads of `num_records` GSM8K-sized agent_rl rows, then the
+    loader's throughput with each count of reader processes in `workers`."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "rows.jsonl")
         with open(path, "w") as f:
@@ -47,16 +63,11 @@ def run(num_records: int = 100_000, reads: int = 100_000, seed: int = 0) -> dict
             for i in order:
                 source[int(i)]
             read_s = time.perf_counter() - t0
-            loader = make_loader(source, batch_size=64, seed=seed, shard_by_process=False,
-                                 read_options=grain.ReadOptions(num_threads=1, prefetch_buffer_size=256))
-            t0, seen = time.perf_counter(), 0
-            while seen < reads:  # the way training reads: shuffled Grain batches of 64
-                seen += len(next(loader))
-            loader_s = time.perf_counter() - t0
-            loader.close()
+            rss_growth = _rss() - rss0  # the source itself (index, readers), before any loader buffers
+            loader_rates = {w: _loader_rate(source, reads, seed, w) for w in workers}
             out[name] = {"open_s": round(open_s, 3), "read_s": round(read_s, 3),
                          "records_per_s": round(reads / read_s), "open_plus_read_s": round(open_s + read_s, 3),
-                         "loader_records_per_s": round(seen / loader_s),
-                         "rss_growth_mb": round((_rss() - rss0) / 2**20, 1)}
+                         **{f"loader_records_per_s_{w}_workers": r for w, r in loader_rates.items()},
+                         "rss_growth_mb": round(rss_growth / 2**20, 1)}
             del source
         return out

@@ -15,7 +15,7 @@ from reagent_jax.data.schemas import (
     Schema,
     get_schema,
 )
-from reagent_jax.data.sources import JsonlSource, expand_paths
+from reagent_jax.data.sources import JsonlSource, RowsAt, expand_paths
 from reagent_jax.data.tfds_rows import TfdsSource, build_dataset, is_tfds_spec, open_rows
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "Field",
     "JsonlSource",
     "RowError",
+    "RowsAt",
     "Schema",
     "benchmark_dir",
     "build_dataset",

@@ -14,6 +14,7 @@ import functools
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import grain
+from absl import flags
 
 _FINGERPRINT_KEYS = ("num_records", "batch_size", "seed", "shuffle", "num_epochs",
                      "drop_remainder", "shard_index", "shard_count")
@@ -35,30 +36,49 @@ def _shard_options(shard_by_process: bool, shard_options: Optional[grain.shardin
 
 
 class BatchIterator(Iterator[list]):
-    """Iterator over batches (lists of records) with JSON-serialisable `get_state` / `set_state`."""
+    """Iterator over batches (lists of records) with JSON-serialisable `get_state` / `set_state`.
+
+    The position is the index of the next batch: every batch is a pure function of its index, so
+    resuming starts the pipeline at that index, whether its batches are read in this process or in
+    `worker_count` worker processes (a state taken with one count resumes under another)."""
 
     def __init__(self, dataset: grain.MapDataset, fingerprint: dict, read_options: grain.ReadOptions,
-                 steps_per_epoch: int):
+                 steps_per_epoch: int, worker_count: int = 0):
         self._dataset = dataset
         self._read_options = read_options
-        self._it = iter(dataset.to_iter_dataset(read_options))
+        self._worker_count = worker_count
         self.fingerprint = fingerprint
         self.steps_per_epoch = steps_per_epoch  # batches per pass over this host's shard
+        self._it = None
+        self._start(0)
+
+    def _start(self, next_index: int) -> None:
+        self.close()
+        iter_ds = self._dataset[next_index:].to_iter_dataset(self._read_options)
+        if self._worker_count:  # each worker process reads and decodes whole batches, in order
+            if not flags.FLAGS.is_parsed():  # a notebook or test: Grain's workers read absl flags
+                flags.FLAGS.mark_as_parsed()  # (their defaults) and fail when none were parsed
+            iter_ds = iter_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self._worker_count))
+        self._it = iter(iter_ds)
+        self._next_index = next_index
 
     def __iter__(self) -> "BatchIterator":
         return self
 
     def __next__(self) -> list:
-        return next(self._it)
+        batch = next(self._it)
+        self._next_index += 1
+        return batch
 
     def get_state(self) -> dict:
         """Position (JSON-serialisable): store it with the checkpoint."""
-        return {"grain": dict(self._it.get_state()), **self.fingerprint}
+        return {"grain": {"next_index": self._next_index}, **self.fingerprint}
 
     def set_state(self, state: dict) -> None:
         """Continues from `state`; refuses a state taken with different data or settings. (A
         state saved before the loader fingerprinted content has no "content" entry: not checked.)"""
-        if not isinstance(state, dict) or "grain" not in state:
+        if not isinstance(state, dict) or not isinstance(state.get("grain"), dict) or \
+                not isinstance(state["grain"].get("next_index"), int):
             raise ValueError(f"not a loader state (expected a dict from get_state()), got {state!r}")
         diff = {k: (state.get(k), v) for k, v in self.fingerprint.items()
                 if state.get(k) != v and (k != "content" or "content" in state)}
@@ -66,10 +86,10 @@ class BatchIterator(Iterator[list]):
             shown = ", ".join(f"{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diff.items())
             raise ValueError(f"loader state does not match this loader ({shown}); resuming would "
                              "not continue the same sequence of batches")
-        self._it.set_state(dict(state["grain"]))
+        self._start(state["grain"]["next_index"])
 
     def close(self) -> None:
-        """Stops prefetch threads (the iterator is unusable afterwards)."""
+        """Stops prefetch threads and worker processes (the iterator is unusable afterwards)."""
         close = getattr(self._it, "close", None)
         if close is not None:
             close()
@@ -79,7 +99,7 @@ def make_loader(source: Sequence[Any], *, batch_size: int, seed: int, shuffle: b
                 num_epochs: Optional[int] = None, shard_by_process: bool = True,
                 drop_remainder: bool = True, map_fn: Optional[Callable[[Any], Any]] = None,
                 shard_options: Optional[grain.sharding.ShardOptions] = None,
-                read_options: Optional[grain.ReadOptions] = None) -> BatchIterator:
+                read_options: Optional[grain.ReadOptions] = None, worker_count: int = 0) -> BatchIterator:
     """A resumable iterator over batches of `source` (a `JsonlSource` or any random-access sequence).
 
     Args:
@@ -91,9 +111,14 @@ def make_loader(source: Sequence[Any], *, batch_size: int, seed: int, shuffle: b
       map_fn: applied to each record before batching (e.g. prompt rendering), in reader threads.
       shard_options: explicit Grain sharding (overrides `shard_by_process`; for tests and tools).
       read_options: Grain reader threads / prefetch; default 2 threads, 64 records ahead.
+      worker_count: processes that read and decode batches (0: in this process). Decoding is
+        Python under the GIL, so threads do not add throughput and processes do; the batches and
+        their order are the same for any count, so a state resumes under another count.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if isinstance(worker_count, bool) or not isinstance(worker_count, int) or worker_count < 0:
+        raise ValueError(f"worker_count must be an int >= 0, got {worker_count!r}")
     if num_epochs is not None and num_epochs < 1:
         raise ValueError(f"num_epochs must be >= 1 or None, got {num_epochs}")
     n = len(source)
@@ -128,4 +153,4 @@ def make_loader(source: Sequence[Any], *, batch_size: int, seed: int, shuffle: b
     if content is not None:
         fingerprint["content"] = content
     read_options = read_options or grain.ReadOptions(num_threads=2, prefetch_buffer_size=64)
-    return BatchIterator(ds, fingerprint, read_options, max(epoch_batches, 1))
+    return BatchIterator(ds, fingerprint, read_options, max(epoch_batches, 1), worker_count)

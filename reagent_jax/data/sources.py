@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import collections.abc
 import glob
 import hashlib
 import json
@@ -280,6 +281,35 @@ class JsonlSource:
     def __repr__(self) -> str:
         name = self.schema.name if self.schema else "any"
         return f"JsonlSource({len(self.paths)} files, {len(self)} rows, schema={name}, skipped={len(self.skipped)})"
+
+
+class RowsAt(collections.abc.Sequence):
+    """The rows of `source` at `indices`, each read on first access and then kept.
+
+    A training step names its questions by index; handing the step a `RowsAt` instead of a list
+    of read rows lets each host of a multi-host run read only the rows its own episodes use
+    (`AgentLoop.run` fetches a record in the episode's thread), so per-step reads do not grow
+    with the number of hosts. Thread-safe: two threads may both read a row; one copy is kept."""
+
+    def __init__(self, source: Sequence[dict], indices: Sequence[int]):
+        self.source, self.indices = source, [int(i) for i in indices]
+        self._rows: dict[int, dict] = {}
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(len(self)))]
+        j = range(len(self))[j]  # IndexError out of range; negative j counts from the end
+        if j not in self._rows:
+            self._rows.setdefault(j, self.source[self.indices[j]])
+        return self._rows[j]
+
+    @property
+    def rows_read(self) -> int:
+        """How many distinct rows this process has read."""
+        return len(self._rows)
 
 
 def _opens_array(line: bytes) -> bool:

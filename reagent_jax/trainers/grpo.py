@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from reagent_jax.data.sources import RowsAt
 from reagent_jax.models.functional import token_logprobs
 from reagent_jax.rl.advantages import get_advantage_fn
 from reagent_jax.rewards import score_trajectory
@@ -161,7 +162,8 @@ def run_grpo(ctx, model_cfg, params, rollouts, records: list[dict], gcfg: GRPOCo
         t_sync = time.perf_counter() - t0
         idx = batch_indices(len(records), gcfg.questions_per_step, step, seed)
         t0 = time.perf_counter()
-        trajs, scores, groups, extra = strategy.collect(rollouts, [records[i] for i in idx], gcfg.n,
+        # read lazily: an agent loop on several hosts reads each question only where it runs
+        trajs, scores, groups, extra = strategy.collect(rollouts, RowsAt(records, idx), gcfg.n,
                                                         seed=seed * 100_003 + step, step=step)
         t_gen = time.perf_counter() - t0
         engine.free_weights()  # their HBM goes to the update; the next step syncs a new copy

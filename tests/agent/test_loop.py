@@ -143,3 +143,29 @@ def test_episode_seeds_stay_in_the_engine_range_for_any_run_seed():
         assert len(seeds) == 64 and all(0 <= s < 2 ** 31 for s in seeds)
         rollout.SamplingParams(seed=max(seeds))
     assert episode_seed(0, 2, 3) == 2 * 1009 + 3  # seed-0 runs keep their draws
+
+
+class _CountingRows(list):
+    """A question list that records which rows were read."""
+
+    def __init__(self, rows):
+        super().__init__(rows)
+        self.read = []
+
+    def __getitem__(self, j):
+        self.read.append(j)
+        return super().__getitem__(j)
+
+
+def test_each_process_reads_only_the_questions_of_its_own_episodes(world_setup, monkeypatch):
+    """On host 1 of 2 the loop runs (and reads the records of) the second half of the episodes only."""
+    from reagent_jax.parallel import hosts
+    world, registry, tok = world_setup
+    real_share = hosts.share
+    monkeypatch.setattr(hosts, "share", lambda n: real_share(n, 1, 2))
+    loop = AgentLoop(ScriptedEngine(tok, lambda ids: ["\\boxed{1}"]), tok, registry,
+                     AgentConfig(max_turns=2, include_tool_schemas=False))
+    records = _CountingRows(world.records("train")[:6])
+    trajs = loop.run(records, n=2)  # 12 episodes, record-major: host 1 runs episodes 6..11 = records 3..5
+    assert sorted(set(records.read)) == [3, 4, 5]
+    assert [t.question["id"] for t in trajs] == [records[j]["id"] for j in (3, 3, 4, 4, 5, 5)]

@@ -125,3 +125,23 @@ def test_parquet_rows_across_row_groups(tmp_path, caplog):
     assert [(f, n) for f, n, _ in src.skipped] == [(path, 0), (path, 4), (path, 8)]
     assert "row 4: field 'answer' has no non-empty answer" in caplog.text
     assert pickle.loads(pickle.dumps(src))[4] == kept[4]
+
+
+def test_rows_at_reads_each_row_once_and_only_when_asked():
+    from reagent_jax.data import RowsAt
+
+    class Source(list):
+        reads = 0
+
+        def __getitem__(self, i):
+            Source.reads += 1
+            return list.__getitem__(self, i)
+
+    source = Source([{"i": i} for i in range(10)])
+    rows = RowsAt(source, [7, 2, 9])
+    assert len(rows) == 3 and Source.reads == 0 and rows.rows_read == 0
+    assert rows[1] == {"i": 2} and rows[1] is rows[1] and Source.reads == 1
+    assert rows[-1] == {"i": 9} and list(rows) == [{"i": 7}, {"i": 2}, {"i": 9}]
+    assert rows[0:2] == [{"i": 7}, {"i": 2}] and Source.reads == 3 and rows.rows_read == 3
+    with pytest.raises(IndexError):
+        rows[3]
