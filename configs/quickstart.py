@@ -44,7 +44,7 @@ def get_config() -> ml_collections.ConfigDict:
     # transfers to unseen questions (the SFT -> GRPO gain of the final table). Set 0 for an all-python SFT.
     c.sft = ml_collections.ConfigDict(dict(steps=700, batch_size=8, micro_batches=1, learning_rate=6e-3,
                                            warmup_steps=20, max_len=768, context_loss_weight=1.0,
-                                           by_hand_fraction=0.5))
+                                           by_hand_fraction=0.5, num_examples=0))
     c.grpo = ml_collections.ConfigDict(dict(
         steps=10, questions_per_step=8, n=8, learning_rate=2e-4, warmup_steps=0, beta=0.0, kl_kind="k3",
         policy_loss="vanilla", fused_head=True, eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo",

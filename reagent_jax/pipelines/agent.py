@@ -24,6 +24,7 @@ from reagent_jax.agent import tools
 from reagent_jax.agent.loop import AgentConfig, AgentLoop
 from reagent_jax.endpoints import EndpointConfig
 from reagent_jax.eval.agent_eval import evaluate_agent
+from reagent_jax.eval.statistics import consecutive_comparisons
 from reagent_jax.kernels.attention import kernels_report
 from reagent_jax.parallel import hosts
 from reagent_jax.pipelines.context import load_policy, load_records, make_context, write_summary
@@ -54,8 +55,8 @@ def build_registry(ctx):
 def sft_conversations(ctx, registry, loop, train_records) -> list[list[dict]]:
     """Expert trajectories of the synthetic world, the worked solutions of the training rows
     (`data.sft_from="solutions"`: GSM8K-style calculator annotations), or `data.sft_path` rows."""
-    if ctx.world is not None:
-        return expert_conversations(ctx, registry, loop, ctx.world.train)
+    if ctx.world is not None:  # the first sft.num_examples questions (GRPO still sees them all)
+        return expert_conversations(ctx, registry, loop, ctx.world.train[:ctx.blocks["sft"].num_examples or None])
     if ctx.config.data.get("sft_from", "") == "solutions":
         return solution_conversations(ctx, registry, loop, train_records)
     if not ctx.config.data.sft_path:
@@ -195,7 +196,7 @@ def run(config, workdir: str) -> dict:
     loop = AgentLoop(engine, ctx.tokenizer, registry, agent_cfg, tool_names=tool_names)
     eval_loop = AgentLoop(engine, ctx.tokenizer, registry,
                           AgentConfig(**{**agent_cfg.__dict__, "max_turns": config.eval.max_turns}), tool_names)
-    rows = []
+    rows, question_scores = [], {}  # question_scores: policy -> per-question score, for paired comparisons
     try:
         def evaluate(name):
             if not heldout:
@@ -203,6 +204,7 @@ def run(config, workdir: str) -> dict:
             n = config.eval.get("n", 1)
             ev = evaluate_agent(eval_loop, heldout, n=n, greedy=config.eval.greedy, seed=config.seed)
             rows.append(_row(name, ev, n))
+            question_scores[name] = ev["question_scores"]
             log.info("%s: held-out accuracy %.3f", name, ev["accuracy"])
             if hosts.is_leader():  # every process has every trajectory; one writes them
                 with open(os.path.join(workdir, f"eval_{name}.jsonl"), "w") as f:
@@ -247,4 +249,5 @@ def run(config, workdir: str) -> dict:
         engine.stop_background()
 
     return write_summary(workdir, rows, stages, time.perf_counter() - t_start, engine=engine.stats(),
+                         comparisons=consecutive_comparisons(question_scores, seed=config.seed),
                          kernels=kernels_report(cfg, ctx.mesh))

@@ -16,6 +16,7 @@ import jax
 
 from reagent_jax import chat, checkpoint, data, metrics as metrics_lib, models, parallel, worlds
 from reagent_jax.agent.loop import DEFAULT_SYSTEM_PROMPT, FINAL_STEP_MESSAGE
+from reagent_jax.eval.statistics import describe_comparison
 from reagent_jax.evalplanner.training import SeedJudgeConfig
 from reagent_jax.parallel import hosts
 from reagent_jax.rl.stage_config import DPOConfig, GRPOConfig, SFTConfig
@@ -202,12 +203,16 @@ def load_records(ctx) -> tuple[Sequence[dict], list[dict]]:
     return train, heldout
 
 
-def write_summary(workdir: str, rows: list[dict], stages, wall: float, **extra) -> dict:
-    """The end of a pipeline run: summary.json (the table of `rows`, wall time, `extra`), the
-    stages' curves as PNG, and the table printed; written by process 0 only."""
+def write_summary(workdir: str, rows: list[dict], stages, wall: float, comparisons: Sequence[dict] = (),
+                  **extra) -> dict:
+    """The end of a pipeline run: summary.json (the table of `rows`, the paired `comparisons` of
+    consecutive policies from `eval.statistics`, wall time, `extra`), the stages' curves as PNG,
+    and the table printed; written by process 0 only."""
     table = (metrics_lib.markdown_table(rows) if rows else
              "(no held-out evaluation: no questions in data.eval_path / eval.num_questions)")
-    summary = {"table": rows, "wall_s": wall, **extra, "workdir": workdir}
+    if comparisons:
+        table += "\n\n" + "\n".join(describe_comparison(c) for c in comparisons)
+    summary = {"table": rows, "comparisons": list(comparisons), "wall_s": wall, **extra, "workdir": workdir}
     if not hosts.is_leader():
         return summary
     with open(os.path.join(workdir, "summary.json"), "w") as f:

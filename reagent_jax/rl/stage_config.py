@@ -45,7 +45,7 @@ class SFTConfig(BatchStageConfig):
     """config.sft / config.rrm_sft. The last two fields choose the agent pipeline's demonstrations."""
     context_loss_weight: float = 0.0  # also model tool responses and the prompt (random-init models)
     by_hand_fraction: float = 0.0     # expert demonstrations that compute in their text, not with python
-    num_examples: int = 0             # 0: one demonstration per training question
+    num_examples: int = 0             # demonstrations of the first N training questions; 0: all
 
     def problems(self) -> list[Problem]:
         return (super().problems() + at_least(self, context_loss_weight=0.0, num_examples=0)

@@ -3,7 +3,6 @@ back, and the harness reporting (not dropping) broken rows and failed samples, a
 promptly without losing scored questions. The harness runs with a stub episode: no model."""
 import collections
 import functools
-import itertools
 import json
 import threading
 from fractions import Fraction

@@ -4,20 +4,21 @@ by-hand (no python) demonstrations."""
 import types
 
 import ml_collections
+import pytest
 
 from reagent_jax import worlds
 from reagent_jax.pipelines import agent as agent_pipeline
 from reagent_jax.rl.stage_config import SFTConfig
 
 
-def _conversations(tmp_path, fraction: float, seed: int = 0):
+def _conversations(tmp_path, fraction: float, seed: int = 0, num_examples: int = 0):
     world = worlds.make_world(seed=2, n_entities=8, n_questions=120, level_weights=(0.0, 1.0, 0.0), search_topk=1)
     config = ml_collections.ConfigDict(dict(seed=seed, agent=dict(tools="search,python")))
-    sft = SFTConfig(steps=1, batch_size=1, learning_rate=0.0, by_hand_fraction=fraction)
+    sft = SFTConfig(steps=1, batch_size=1, learning_rate=0.0, by_hand_fraction=fraction, num_examples=num_examples)
     ctx = types.SimpleNamespace(world=world, config=config, workdir=str(tmp_path), blocks={"sft": sft})
     loop = types.SimpleNamespace(config=types.SimpleNamespace(system_prompt="You are an agent."))
     registry = agent_pipeline.build_registry(ctx)
-    return world.train, agent_pipeline.expert_conversations(ctx, registry, loop, world.train)
+    return world.train, agent_pipeline.sft_conversations(ctx, registry, loop, world.records("train"))
 
 
 def _uses_python(messages) -> bool:
@@ -33,6 +34,12 @@ def test_by_hand_fraction_mixes_demonstrations_deterministically(tmp_path):
     assert [not _uses_python(c) for c in _conversations(tmp_path, 0.5)[1]] == by_hand  # same seed, same mix
     assert [not _uses_python(c) for c in _conversations(tmp_path, 0.5, seed=1)[1]] != by_hand
     assert all(_uses_python(c) for c in _conversations(tmp_path, 0.0)[1])
+
+
+def test_num_examples_demonstrates_the_first_training_questions_only(tmp_path):
+    questions, convs = _conversations(tmp_path, 0.0, num_examples=10)
+    assert len(questions) > 10 and len(convs) == 10
+    assert [c[1]["content"] for c in convs] == [q.question for q in questions[:10]]
 
 
 def test_training_from_files_without_an_evaluation_set_finishes(tmp_path):
@@ -72,7 +79,6 @@ def test_smollm2_gsm8k_config_runs_sft_and_a_grpo_step_end_to_end(tmp_path, smol
     from reagent_jax import chat, serve
     c = _load("smollm2_gsm8k")
     if not os.path.isfile(c.data.train_path):
-        import pytest
         pytest.skip("shared GSM8K files not present")
     c.model.init_from = smollm2_dir
     c.agent.update(dict(max_turns=2, max_tokens_per_turn=16))
@@ -83,6 +89,10 @@ def test_smollm2_gsm8k_config_runs_sft_and_a_grpo_step_end_to_end(tmp_path, smol
     workdir = tmp_path / "run"
     summary = agent_pipeline.run(c, str(workdir))
     assert [row["policy"] for row in summary["table"]] == ["init", "sft", "grpo"]
+    accuracy = {row["policy"]: row["held-out accuracy"] for row in summary["table"]}
+    assert [(c["before"], c["after"], c["n"]) for c in summary["comparisons"]] == [("init", "sft", 1), ("sft", "grpo", 1)]
+    for c in summary["comparisons"]:  # paired over the same questions: the mean is the accuracy gap
+        assert c["estimate"] == pytest.approx(accuracy[c["after"]] - accuracy[c["before"]], abs=1e-6)
     assert summary["kernels"] == {"platform": "cpu", "attention": "auto", "causal": "xla", "decode": "xla"}
     metrics = [json.loads(line) for line in open(workdir / "grpo" / "metrics.jsonl")]
     assert metrics and all(m["grpo/score"] in (0.0, 0.5, 1.0) for m in metrics if "grpo/score" in m)
