@@ -3,6 +3,7 @@ r"""Training entry point (absl flags + ml_collections config).
   python launch/train.py --config=configs/quickstart.py --workdir=/tmp/quickstart
   python launch/train.py --config=configs/quickstart.py --workdir=/tmp/qs --config.grpo.steps=4
   python launch/train.py --config=configs/evalplanner_quickstart.py --workdir=/tmp/judge
+  python launch/train.py --config=configs/quickstart.py --workdir=/tmp/qs_seeds --seeds=0,1,2
 
 The config's `pipeline` field picks the pipeline (default: the agent pipeline, stages sft,grpo).
 Multi-host: set REAGENT_COORDINATOR / REAGENT_NUM_PROCESSES / REAGENT_PROCESS_ID (or
@@ -23,6 +24,8 @@ import config_checks  # launch/config_checks.py (this script's directory is on s
 FLAGS = flags.FLAGS
 config_checks.define_config_file("config", None, "Path to an ml_collections config file.")
 flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, tokenizer, outputs).")
+flags.DEFINE_string("seeds", "", "Comma-separated seeds (e.g. 0,1,2): run once per seed in <workdir>/seed_<s>, then "
+                    "<workdir>/seeds_summary.json with each gain's mean and 95% interval over the seeds.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -33,6 +36,9 @@ def main(argv):
     from reagent_jax.parallel import maybe_initialize_distributed
     maybe_initialize_distributed()
     config = FLAGS.config
+    if FLAGS.seeds:
+        from reagent_jax.pipelines.seeds import parse_seeds
+        config_checks.run_checked(lambda: parse_seeds(FLAGS.seeds))
     import jax
     config_checks.run_checked(lambda: config_checks.check_train_config(config, FLAGS.workdir,
                                                                        num_devices=jax.device_count()))
@@ -56,19 +62,28 @@ def _sigterm_outside_a_stage(signum, frame):
     raise KeyboardInterrupt
 
 
-def _run_pipeline(config) -> None:
+def _pipeline_run(config):
+    """The `run(config, workdir)` of the config's pipeline."""
     pipeline = config.get("pipeline", "agent")
     if pipeline == "agent":
         from reagent_jax.pipelines import agent as agent_pipeline
-        agent_pipeline.run(config, FLAGS.workdir)
-    elif pipeline == "evalplanner":
+        return agent_pipeline.run
+    if pipeline == "evalplanner":
         from reagent_jax.pipelines import evalplanner as ep_pipeline
-        ep_pipeline.run(config, FLAGS.workdir)
-    elif pipeline == "grpo":
+        return ep_pipeline.run
+    if pipeline == "grpo":
         from reagent_jax.pipelines import grpo as grpo_pipeline
-        grpo_pipeline.run(config, FLAGS.workdir)
+        return grpo_pipeline.run
+    raise ValueError(f"unknown pipeline {pipeline!r}; use 'agent', 'evalplanner' or 'grpo'")
+
+
+def _run_pipeline(config) -> None:
+    run = _pipeline_run(config)
+    if FLAGS.seeds:
+        from reagent_jax.pipelines import seeds
+        seeds.run_seeds(run, config, FLAGS.workdir, seeds.parse_seeds(FLAGS.seeds))
     else:
-        raise ValueError(f"unknown pipeline {pipeline!r}; use 'agent', 'evalplanner' or 'grpo'")
+        run(config, FLAGS.workdir)
 
 
 if __name__ == "__main__":

@@ -76,3 +76,15 @@ def test_auroc_matches_counting_pairs():
     assert auroc([0.5, 0.5], [True, False]) == 0.5
     with pytest.raises(ValueError, match="both classes; got 2 positive and 0 negative"):
         auroc([0.1, 0.2], [True, True])
+
+
+def test_consecutive_comparisons_pair_each_policy_with_the_one_before():
+    from reagent_jax.eval.statistics import consecutive_comparisons, describe_comparison
+    scores = {"random_init": [0] * 40, "sft": [1] * 20 + [0] * 20, "grpo": [1] * 21 + [0] * 19}
+    rows = consecutive_comparisons(scores, seed=3)
+    assert [(r["before"], r["after"], r["n"]) for r in rows] == [("random_init", "sft", 40), ("sft", "grpo", 40)]
+    assert rows[0]["estimate"] == 0.5 and rows[1]["estimate"] == pytest.approx(0.025)
+    assert rows[1] == {"before": "sft", "after": "grpo", **paired_bootstrap(scores["sft"], scores["grpo"], seed=3).to_dict()}
+    assert describe_comparison(rows[0]).startswith("random_init -> sft: +0.500 [") and "a real difference" in describe_comparison(rows[0])
+    assert "not distinguishable from no change" in describe_comparison(rows[1])
+    assert consecutive_comparisons({"only": [1, 0]}) == []

@@ -90,9 +90,9 @@ def test_smollm2_gsm8k_config_runs_sft_and_a_grpo_step_end_to_end(tmp_path, smol
     summary = agent_pipeline.run(c, str(workdir))
     assert [row["policy"] for row in summary["table"]] == ["init", "sft", "grpo"]
     accuracy = {row["policy"]: row["held-out accuracy"] for row in summary["table"]}
-    assert [(c["before"], c["after"], c["n"]) for c in summary["comparisons"]] == [("init", "sft", 1), ("sft", "grpo", 1)]
-    for c in summary["comparisons"]:  # paired over the same questions: the mean is the accuracy gap
-        assert c["estimate"] == pytest.approx(accuracy[c["after"]] - accuracy[c["before"]], abs=1e-6)
+    assert [(d["before"], d["after"], d["n"]) for d in summary["comparisons"]] == [("init", "sft", 1), ("sft", "grpo", 1)]
+    for d in summary["comparisons"]:  # paired over the same questions: the mean is the accuracy gap
+        assert d["estimate"] == pytest.approx(accuracy[d["after"]] - accuracy[d["before"]], abs=1e-6)
     assert summary["kernels"] == {"platform": "cpu", "attention": "auto", "causal": "xla", "decode": "xla"}
     metrics = [json.loads(line) for line in open(workdir / "grpo" / "metrics.jsonl")]
     assert metrics and all(m["grpo/score"] in (0.0, 0.5, 1.0) for m in metrics if "grpo/score" in m)
