@@ -64,6 +64,7 @@ def get_config() -> ml_collections.ConfigDict:
         micro_batches=2, mini_batches=1, old_logprobs="rollout", drop_equal_reward_groups=True, mask_overlong=True,
         max_grad_norm=1.0))
 
-    c.eval = ml_collections.ConfigDict(dict(num_questions=80, n=1, max_turns=6, greedy=True, refinement=False))
+    c.eval = ml_collections.ConfigDict(dict(num_questions=80, n=1, max_turns=6, greedy=True, refinement=False,
+                                            rrm_items=40))
     c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
     return c

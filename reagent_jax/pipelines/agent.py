@@ -24,9 +24,11 @@ from reagent_jax.agent import tools
 from reagent_jax.agent.loop import AgentConfig, AgentLoop
 from reagent_jax.endpoints import EndpointConfig
 from reagent_jax.eval.agent_eval import evaluate_agent
+from reagent_jax.eval.judge_quality import describe_quality
 from reagent_jax.eval.statistics import consecutive_comparisons
 from reagent_jax.kernels.attention import kernels_report
 from reagent_jax.parallel import hosts
+from reagent_jax.pipelines import agent_rrm
 from reagent_jax.pipelines.context import load_policy, load_records, make_context, write_summary
 from reagent_jax.registry import Registry
 from reagent_jax.rollout import Engine
@@ -144,14 +146,12 @@ def rrm_engine(ctx, cfg, params) -> Engine:
                   decode_steps=r.decode_steps, mesh=ctx.mesh, tokenizer=ctx.tokenizer)
 
 
-def train_rrm(ctx, registry, system_prompt, stage):
-    """rrm_sft / rrm_grpo on annotated synthetic trajectories; returns the RRM params."""
+def train_rrm(ctx, registry, system_prompt, stage, train_records):
+    """rrm_sft / rrm_grpo on annotated trajectories (`agent_rrm.rrm_records`); returns the RRM params."""
     c = ctx.config
-    if ctx.world is None:
-        raise ValueError(f"{stage} here trains on the synthetic world's annotated trajectories; for real data "
-                         "annotate trajectories with launch/annotate.py and train the RRM as a separate run")
-    records = rrm_annotator.synthetic_rrm_records(ctx.world, tools=worlds.RegistryTools(registry), seed=c.seed,
-                                                  system_prompt=system_prompt)
+    limit = ctx.blocks["rrm_sft"].num_examples if "rrm_sft" in ctx.blocks else 0  # rows with a worked solution
+    rows = [train_records[i] for i in range(min(limit or len(train_records), len(train_records)))]
+    records = agent_rrm.rrm_records(ctx, registry, system_prompt, rows, seed=c.seed)
     if stage == "rrm_sft":
         cfg, params = load_policy(ctx, None)
         convs = [training.sft_conversation(r["question"], r["trajectory"], r["text"]) for r in records]
@@ -196,7 +196,7 @@ def run(config, workdir: str) -> dict:
     loop = AgentLoop(engine, ctx.tokenizer, registry, agent_cfg, tool_names=tool_names)
     eval_loop = AgentLoop(engine, ctx.tokenizer, registry,
                           AgentConfig(**{**agent_cfg.__dict__, "max_turns": config.eval.max_turns}), tool_names)
-    rows, question_scores = [], {}  # question_scores: policy -> per-question score, for paired comparisons
+    rows, question_scores, policy_trajs = [], {}, {}  # per policy: per-question scores, its trajectories
     try:
         def evaluate(name):
             if not heldout:
@@ -205,6 +205,7 @@ def run(config, workdir: str) -> dict:
             ev = evaluate_agent(eval_loop, heldout, n=n, greedy=config.eval.greedy, seed=config.seed)
             rows.append(_row(name, ev, n))
             question_scores[name] = ev["question_scores"]
+            policy_trajs[name] = ev["trajectories"]
             log.info("%s: held-out accuracy %.3f", name, ev["accuracy"])
             if hosts.is_leader():  # every process has every trajectory; one writes them
                 with open(os.path.join(workdir, f"eval_{name}.jsonl"), "w") as f:
@@ -217,7 +218,7 @@ def run(config, workdir: str) -> dict:
         for stage in stages:
             if stage.startswith("rrm_"):
                 if not ctx.has_final(stage):
-                    train_rrm(ctx, registry, agent_cfg.system_prompt, stage)
+                    train_rrm(ctx, registry, agent_cfg.system_prompt, stage, train_records)
                 continue
             if ctx.has_final(stage):
                 log.info("%s already finished; loading its final params", stage)
@@ -241,13 +242,28 @@ def run(config, workdir: str) -> dict:
                         "refinement evaluation is skipped")
         elif config.strategy == "reagent_c" or config.eval.refinement:
             judge = judge or make_judge(ctx)
-            ref = evaluate_refinement(eval_loop, judge, heldout, greedy=config.eval.greedy, seed=config.seed)
+            ref = evaluate_refinement(eval_loop, judge, heldout, greedy=config.eval.greedy, seed=config.seed,
+                                      refine_below=config.rrm.refine_below)
             rows.append({"policy": "attempt 1 (Reagent-C)", "held-out accuracy": ref["attempt1_accuracy"]})
             rows.append({"policy": "attempt 2 (critique)", "held-out accuracy": ref["attempt2_accuracy"],
                          "refined": ref["refined_frac"]})
+            question_scores.update({"attempt 1 (Reagent-C)": ref["attempt1_scores"],
+                                    "attempt 2 (critique)": ref["attempt2_scores"]})
+        rrm_quality = {}
+        if any(s.startswith("rrm_") for s in stages) and heldout:  # the trained RRM on held-out trajectories
+            rrm = judge if config.rrm.judge == "local" and judge is not None else local_judge(ctx)
+            annotated = agent_rrm.rrm_records(ctx, registry, agent_cfg.system_prompt, heldout, split="heldout",
+                                              seed=config.seed + 1)[:config.eval.get("rrm_items", 40)]
+            try:
+                rrm_quality = agent_rrm.evaluate_rrm(rrm, annotated, policy_trajs, workdir, seed=config.seed)
+            finally:
+                if rrm is not judge:
+                    rrm.engine.stop_background()
     finally:
         engine.stop_background()
 
     return write_summary(workdir, rows, stages, time.perf_counter() - t_start, engine=engine.stats(),
                          comparisons=consecutive_comparisons(question_scores, seed=config.seed),
-                         kernels=kernels_report(cfg, ctx.mesh))
+                         kernels=kernels_report(cfg, ctx.mesh),
+                         notes=[f"Agent-RRM on {describe_quality(name, q)}" for name, q in rrm_quality.items()],
+                         **({"rrm": rrm_quality} if rrm_quality else {}))

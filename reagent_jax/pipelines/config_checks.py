@@ -162,6 +162,7 @@ def _agent(p: _Problems, workdir: Optional[str], check_paths: bool) -> None:
     _sampling(p, "agent")
     p.at_least("eval.max_turns", 1)
     p.at_least("eval.num_questions", 0)
+    p.at_least("eval.rrm_items", 0)
     p.at_least("eval.n", 1)
     world = p.get("world", None)
     if world is None:
@@ -172,8 +173,6 @@ def _agent(p: _Problems, workdir: Optional[str], check_paths: bool) -> None:
         if "sft" in stages and not p.get("data.sft_path", "") and not p.get("data.sft_from", ""):
             p.add("data.sft_path", "the sft stage needs agent SFT conversations (AGENT_SFT schema) without a "
                                    "world, or data.sft_from='solutions' (worked solutions in the training rows)")
-        for stage in (s for s in stages if s.startswith("rrm_")):
-            p.add("stages", f"{stage} trains on the synthetic world's trajectories; this config has no world")
     if check_paths:
         _data_paths(p, ("data.train_path", "data.sft_path"))
         _eval_path(p)

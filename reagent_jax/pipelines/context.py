@@ -204,14 +204,16 @@ def load_records(ctx) -> tuple[Sequence[dict], list[dict]]:
 
 
 def write_summary(workdir: str, rows: list[dict], stages, wall: float, comparisons: Sequence[dict] = (),
-                  **extra) -> dict:
+                  notes: Sequence[str] = (), **extra) -> dict:
     """The end of a pipeline run: summary.json (the table of `rows`, the paired `comparisons` of
     consecutive policies from `eval.statistics`, wall time, `extra`), the stages' curves as PNG,
-    and the table printed; written by process 0 only."""
+    and the table printed with `notes` (lines) under it; written by process 0 only."""
     table = (metrics_lib.markdown_table(rows) if rows else
              "(no held-out evaluation: no questions in data.eval_path / eval.num_questions)")
     if comparisons:
         table += "\n\n" + "\n".join(describe_comparison(c) for c in comparisons)
+    if notes:
+        table += "\n\n" + "\n".join(notes)
     summary = {"table": rows, "comparisons": list(comparisons), "wall_s": wall, **extra, "workdir": workdir}
     if not hosts.is_leader():
         return summary

@@ -121,7 +121,8 @@ class ReagentU:
 
 def evaluate_refinement(loop, judge, records, *, greedy: bool = True, seed: int = 0,
                         refine_below: float = 1.0) -> dict:
-    """Reagent-C at inference: attempt 1, judge critique, attempt 2 (cache reused) -> accuracies."""
+    """Reagent-C at inference: attempt 1, judge critique, attempt 2 (cache reused) -> accuracies.
+    Only attempts the judge scores below `refine_below` are retried (selective refinement)."""
     keep = loop.keeps_sessions(len(records))
     first = loop.run(records, greedy=greedy, seed=seed, keep_sessions=keep)
     js = judge_trajectories(judge, first)
@@ -134,6 +135,7 @@ def evaluate_refinement(loop, judge, records, *, greedy: bool = True, seed: int 
     for i, t in zip(todo, refined):
         s2[i] = score_trajectory(t)
     return {"attempt1_accuracy": float(s1.mean()), "attempt2_accuracy": float(s2.mean()),
+            "attempt1_scores": s1.tolist(), "attempt2_scores": s2.tolist(),  # [records]: paired comparison
             "refined_frac": len(todo) / max(1, len(first)), "first": first, "refined": refined,
             "judgements": js, **_judge_metrics(js)}
 

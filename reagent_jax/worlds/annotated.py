@@ -19,7 +19,7 @@ import ast
 import re
 from typing import Any, Callable, Optional
 
-_ANNOTATION = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
+ANNOTATION = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
 _ARITHMETIC = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.Div,
                ast.FloorDiv, ast.Mod, ast.Pow, ast.USub, ast.UAdd)
 SOLVER_SYSTEM_PROMPT = ("You are a careful math assistant. Compute with the python tool, then give the "
@@ -43,7 +43,7 @@ def arithmetic(expr: str) -> Optional[str]:
 
 def calculations(solution: str) -> list[str]:
     """The arithmetic annotations of a solution, in order."""
-    return [code for code in (arithmetic(m.group(1)) for m in _ANNOTATION.finditer(solution)) if code]
+    return [code for code in (arithmetic(m.group(1)) for m in ANNOTATION.finditer(solution)) if code]
 
 
 def annotated_trajectory(record: dict, python: Callable[[str], str],
@@ -66,6 +66,6 @@ def annotated_trajectory(record: dict, python: Callable[[str], str],
              "tool_calls": [{"type": "function", "function": {"name": "python", "arguments": {"code": code}}}]},
             {"role": "tool", "content": python(code)},
         ]
-    text = _ANNOTATION.sub("", solution).strip()
+    text = ANNOTATION.sub("", solution).strip()
     messages.append({"role": "assistant", "content": f"{text}\nThe answer is \\boxed{{{answers[0]}}}."})
     return messages

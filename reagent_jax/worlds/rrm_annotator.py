@@ -91,7 +91,7 @@ def _raw_call(raw: str) -> _Call:
     return _check_call(obj.get("name"), obj.get("arguments", {}))
 
 
-def _collect(messages: Sequence[Mapping[str, Any]]) -> tuple[list[_Call], list[str], str | None]:
+def collect_turns(messages: Sequence[Mapping[str, Any]]) -> tuple[list[_Call], list[str], str | None]:
     """(calls in order with their responses, assistant prose, final message or None)."""
     calls: list[_Call] = []
     prose: list[str] = []
@@ -165,11 +165,11 @@ def _number(text: str | None) -> float | None:
     return float(m.group()) if m else None
 
 
-def _numbers(text: str) -> set[float]:
+def numbers_in(text: str) -> set[float]:
     return {float(x) for x in re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?", text.replace(",", ""))}
 
 
-def _boxed(text: str) -> str | None:
+def boxed_answer(text: str) -> str | None:
     found = re.findall(r"\\boxed\{([^{}]*)\}", text)
     return found[-1].strip() if found else None
 
@@ -223,7 +223,7 @@ def _final_value(final: str | None, f: _Findings) -> float | None:
         f.add("no_answer", "The agent never gave a final answer.",
               "You stopped without a final answer; finish with your answer in \\boxed{}.")
         return None
-    answer = _boxed(final)
+    answer = boxed_answer(final)
     if answer is None:
         f.add("no_boxed", "The final message does not put the answer in \\boxed{}, so it cannot be graded.",
               "Put the final answer inside \\boxed{} as required.")
@@ -297,10 +297,10 @@ def annotate(
 ) -> Annotation:
     """Find the real flaws of `messages` for a synthetic `question` and write the RRM judgement."""
     q = question if isinstance(question, Question) else Question.from_record(question)
-    calls, prose, final = _collect(messages)
+    calls, prose, final = collect_turns(messages)
     spoken = "\n".join(prose)
     codes = [c.args["code"] for c in calls if c.name == "python" and not c.problem]
-    used = _numbers(spoken).union(*(_numbers(code) for code in codes))  # every number the agent wrote
+    used = numbers_in(spoken).union(*(numbers_in(code) for code in codes))  # every number the agent wrote
     f = _Findings(think=_narrate(q, calls))
     if any(c.problem for c in calls):
         f.add("malformed_tool_call", "The malformed tool call wasted a turn.",

@@ -80,6 +80,9 @@ def test_reagent_c_reports_both_attempts(setup):
     world, tok, loop = setup
     out = strategies.evaluate_refinement(loop, RuleJudge(), world.records("train")[:4])
     assert out["attempt1_accuracy"] == 0.0 and out["attempt2_accuracy"] == 1.0
+    assert out["attempt1_scores"] == [0.0] * 4 and out["attempt2_scores"] == [1.0] * 4
+    none = strategies.evaluate_refinement(loop, RuleJudge(), world.records("train")[:4], refine_below=0.0)
+    assert none["refined_frac"] == 0.0 and none["attempt2_scores"] == none["attempt1_scores"]  # selective: no retry
 
 
 @pytest.mark.parametrize("text,target,want", [

@@ -1,0 +1,76 @@
+"""The agent pipeline's Agent-RRM data and its held-out judge evaluation.
+
+Training rows: expert and flawed trajectories annotated by a rule annotator that sees the
+reference (the synthetic world's `rrm_annotator`, or `gsm8k_annotator` for rows with a worked
+solution). Evaluation: the trained RRM judges, with no reference, (a) the same kind of annotated
+trajectories built from the held-out questions and (b) every trajectory the run's policies
+produced in their held-out evaluations; `eval.judge_quality` scores it against the annotator's
+labels. Results go to `rrm_eval.jsonl` (one line per judged trajectory) and summary.json.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Mapping, Sequence
+
+from reagent_jax import worlds
+from reagent_jax.eval.judge_quality import describe_quality, judge_quality
+from reagent_jax.parallel import hosts
+from reagent_jax.rewards import score_trajectory
+from reagent_jax.rrm.base import JudgeRequest
+from reagent_jax.worlds import gsm8k_annotator, rrm_annotator
+
+log = logging.getLogger(__name__)
+
+EVAL_NAME = "rrm_eval.jsonl"
+
+
+def rrm_records(ctx, registry, system_prompt: str, records: Sequence[dict], *, split: str = "train",
+                seed: int = 0) -> list[dict]:
+    """Annotated RRM rows: the synthetic world's questions of `split`, else `records` (GSM8K-style
+    rows with `meta.solution`); each has question, trajectory, text (the judgement), target, step."""
+    if ctx.world is not None:
+        return rrm_annotator.synthetic_rrm_records(ctx.world, tools=worlds.RegistryTools(registry), split=split,
+                                                   seed=seed, system_prompt=system_prompt)
+    rows = gsm8k_annotator.gsm8k_rrm_records(records, worlds.RegistryTools(registry).python, seed=seed,
+                                             system_prompt=system_prompt)
+    if not rows:
+        raise ValueError("the RRM stages need annotated trajectories: a synthetic world, or data rows with a "
+                         "worked solution in meta.solution (GSM8K's <<48/2=24>> annotations)")
+    return rows
+
+
+def _policy_items(trajs) -> list[dict]:
+    """A policy's evaluated trajectories, labelled by the rule reward (and, for rows with a worked
+    solution, by the step the GSM8K annotator names)."""
+    out = []
+    for t in trajs:
+        has_solution = bool((t.question.get("meta") or {}).get("solution"))
+        step = gsm8k_annotator.annotate(t.question, t.messages).step if has_solution else None
+        out.append({"id": t.question.get("id"), "question": t.question["question"], "trajectory": t.messages,
+                    "target": float(score_trajectory(t) >= 1.0), "step": step})
+    return out
+
+
+def evaluate_rrm(judge, annotated: Sequence[dict], policy_trajectories: Mapping[str, Sequence], workdir: str,
+                 seed: int = 0) -> dict:
+    """Judge quality per item set: "annotated" (held-out rows of `rrm_records`) and one per policy."""
+    sets = {"annotated": list(annotated), **{name: _policy_items(t) for name, t in policy_trajectories.items()}}
+    out, lines = {}, []
+    for name, items in sets.items():
+        if not items:
+            continue
+        judgements = judge.judge_many([JudgeRequest(it["question"], [m for m in it["trajectory"]
+                                                                      if m["role"] != "system"]) for it in items])
+        correct = [it["target"] >= 1.0 for it in items]
+        steps = [it.get("step") for it in items]
+        out[name] = judge_quality(judgements, correct, steps, seed=seed)
+        log.info("RRM on %s", describe_quality(name, out[name]))
+        lines += [{"set": name, "id": it.get("id"), "target": it["target"], "step": it.get("step"),
+                   "score": j.score, "status": str(j.status), "critique": j.critique}
+                  for it, j in zip(items, judgements)]
+    if hosts.is_leader():
+        with open(os.path.join(workdir, EVAL_NAME), "w") as f:
+            f.writelines(json.dumps(line) + "\n" for line in lines)
+    return out
