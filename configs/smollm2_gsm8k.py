@@ -48,12 +48,13 @@ def get_config() -> ml_collections.ConfigDict:
         loss_agg_mode="token-mean",
         micro_batches=4, mini_batches=1, old_logprobs="rollout", drop_equal_reward_groups=True, mask_overlong=False,
         max_grad_norm=1.0))
-    c.rrm = ml_collections.ConfigDict(dict(judge="rule", lam=0.3, refine_below=1.0, max_len=1536,
+    c.rrm = ml_collections.ConfigDict(dict(judge="rule", lam=0.3, refine_below=1.0, max_len=1280,
                                            max_new_tokens=192, base_urls="", model=""))
     # Agent-RRM (`--config.stages=rrm_sft`): SmolLM2 learns the GSM8K rule annotator's judgements of
     # expert and flawed trajectories of the first num_examples training rows, then judges held-out ones.
-    c.rrm_sft = ml_collections.ConfigDict(dict(steps=50, batch_size=4, micro_batches=1, learning_rate=3e-5,
-                                               warmup_steps=5, max_len=1536, num_examples=240))
+    # (one row per micro-batch: 4 rows of 1152 tokens at once need over 22 GiB on the CPU)
+    c.rrm_sft = ml_collections.ConfigDict(dict(steps=40, batch_size=4, micro_batches=4, learning_rate=3e-5,
+                                               warmup_steps=5, max_len=1152, num_examples=240))
     c.rrm_grpo = ml_collections.ConfigDict(dict(
         steps=4, questions_per_step=4, n=4, learning_rate=5e-6, warmup_steps=0, beta=0.0, kl_kind="k3",
         policy_loss="vanilla", fused_head=True, eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo",

@@ -3,9 +3,11 @@
   random init -> [sft] expert trajectories -> [grpo] RL with the chosen strategy
   -> held-out accuracy table for every policy, curves PNG, summary JSON.
 
-Agent-RRM stages (run before `grpo` when `rrm.judge == "local"`): [rrm_sft] a tiny RRM learns
-the rule-based annotator's judgements of expert and flawed trajectories; [rrm_grpo] it is
-then trained with the verifiable reward format_ok * (1 - |score - target|).
+Agent-RRM stages (run before `grpo` when `rrm.judge == "local"`): [rrm_sft] the RRM learns a
+rule annotator's judgements of expert and flawed trajectories (the synthetic world's, or built
+from GSM8K-style worked solutions: `agent_rrm`); [rrm_grpo] it is then trained with the
+verifiable reward format_ok * (1 - |score - target|). After them the trained RRM judges held-out
+trajectories with no reference, and the run reports how well (`eval.judge_quality`).
 
 Each stage saves `workdir/<stage>/final`; a stage that finished is not re-run, and an
 interrupted one resumes from its last checkpoint.

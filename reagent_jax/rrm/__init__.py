@@ -1,5 +1,5 @@
 """Agent-RRM: the reasoning reward model's prompt, output parser, judges and the Reagent
-strategies (the synthetic world's rule-based annotator lives in `worlds.rrm_annotator`).
+strategies (the rule-based annotators live in `worlds.rrm_annotator` and `worlds.gsm8k_annotator`).
 
     from reagent_jax import rrm
     messages = rrm.build_rrm_messages(question, trajectory_messages, tools=None)
