@@ -148,8 +148,9 @@ def rrm_engine(ctx, cfg, params) -> Engine:
                   decode_steps=r.decode_steps, mesh=ctx.mesh, tokenizer=ctx.tokenizer)
 
 
-def train_rrm(ctx, registry, system_prompt, stage, train_records):
-    """rrm_sft / rrm_grpo on annotated trajectories (`agent_rrm.rrm_records`); returns the RRM params."""
+def train_rrm(ctx, registry, system_prompt, stage, train_records=()):
+    """rrm_sft / rrm_grpo on annotated trajectories (`agent_rrm.rrm_records`: the synthetic world's, or
+    `train_records` with worked solutions when there is no world); returns the RRM params."""
     c = ctx.config
     limit = ctx.blocks["rrm_sft"].num_examples if "rrm_sft" in ctx.blocks else 0  # rows with a worked solution
     rows = [train_records[i] for i in range(min(limit or len(train_records), len(train_records)))]
