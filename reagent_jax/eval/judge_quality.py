@@ -56,7 +56,7 @@ def judge_quality(judgements: Sequence[Judgement], correct: Sequence[bool],
     valid = [j.ok for j in judgements]
     out: dict = {"n": n, "correct": int(sum(labels)), "format_valid": int(sum(valid)),
                  "format_valid_rate": sum(valid) / n,
-                 "statuses": dict(collections.Counter(str(j.status) for j in judgements)),
+                 "statuses": dict(collections.Counter(getattr(j.status, "value", str(j.status)) for j in judgements)),
                  "mean_score_correct": _mean([s for s, c in zip(scores, labels) if c]),
                  "mean_score_wrong": _mean([s for s, c in zip(scores, labels) if not c])}
     if 0 < sum(labels) < n:

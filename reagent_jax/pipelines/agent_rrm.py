@@ -68,7 +68,7 @@ def evaluate_rrm(judge, annotated: Sequence[dict], policy_trajectories: Mapping[
         out[name] = judge_quality(judgements, correct, steps, seed=seed)
         log.info("RRM on %s", describe_quality(name, out[name]))
         lines += [{"set": name, "id": it.get("id"), "target": it["target"], "step": it.get("step"),
-                   "score": j.score, "status": str(j.status), "critique": j.critique}
+                   "score": j.score, "status": getattr(j.status, "value", str(j.status)), "critique": j.critique}
                   for it, j in zip(items, judgements)]
     if hosts.is_leader():
         with open(os.path.join(workdir, EVAL_NAME), "w") as f:
