@@ -78,7 +78,7 @@ def _mean(values: Sequence[float]) -> Optional[float]:
 
 
 def describe_quality(name: str, q: dict) -> str:
-    """One line for the run's log and the README table."""
+    """One line for the run's log and the lines under its results table."""
     parts = [f"{name}: format-valid {q['format_valid']}/{q['n']}"]
     if q["auroc"] is not None:
         parts.append(f"score AUROC {q['auroc']:.3f} [{q['auroc_lo']:.3f}, {q['auroc_hi']:.3f}]")

@@ -152,9 +152,9 @@ def train_rrm(ctx, registry, system_prompt, stage, train_records=()):
     """rrm_sft / rrm_grpo on annotated trajectories (`agent_rrm.rrm_records`: the synthetic world's, or
     `train_records` with worked solutions when there is no world); returns the RRM params."""
     c = ctx.config
-    limit = ctx.blocks["rrm_sft"].num_examples if "rrm_sft" in ctx.blocks else 0  # rows with a worked solution
-    rows = [train_records[i] for i in range(min(limit or len(train_records), len(train_records)))]
-    records = agent_rrm.rrm_records(ctx, registry, system_prompt, rows, seed=c.seed)
+    limit = ctx.blocks["rrm_sft"].num_examples if "rrm_sft" in ctx.blocks else 0
+    count = min(limit or len(train_records), len(train_records)) if ctx.world is None else 0  # a world has its own
+    records = agent_rrm.rrm_records(ctx, registry, system_prompt, [train_records[i] for i in range(count)], seed=c.seed)
     if stage == "rrm_sft":
         cfg, params = load_policy(ctx, None)
         convs = [training.sft_conversation(r["question"], r["trajectory"], r["text"]) for r in records]

@@ -27,7 +27,9 @@ from reagent_jax.rrm.parser import Judgement, JudgementStats, parse_judgement
 from reagent_jax.rrm.base import as_request
 from reagent_jax.rrm.prompt import render_judgement
 from reagent_jax.worlds.annotated import ANNOTATION, SOLVER_SYSTEM_PROMPT, annotated_trajectory, arithmetic
-from reagent_jax.worlds.rrm_annotator import CLEAN_SCORE, boxed_answer, collect_turns, numbers_in
+from reagent_jax.worlds.expert import tool_call
+from reagent_jax.worlds.rrm_annotator import (CLEAN_SCORE, boxed_answer, clamp_score, collect_turns, format_number,
+                                              numbers_in)
 
 FLAWS = ("wrong_step", "skipped_step", "wrong_final", "no_boxed", "malformed_tool_call", "by_hand")
 _OPERATION = {"+": "an addition", "-": "a subtraction", "*": "a multiplication", "/": "a division"}
@@ -164,7 +166,7 @@ def _score(flaws: Sequence[str], correct: bool, answered: bool, reached: Sequenc
     else:
         share = sum(reached) / len(reached) if reached else 0.0
         raw = 0.05 + 0.25 * share - 0.05 * has("malformed_tool_call") - 0.05 * has("no_boxed")
-    return round(min(1.0, max(0.0, raw)), 2)
+    return clamp_score(raw)
 
 
 def _wrong_value(rng: random.Random, true: float) -> float:
@@ -174,14 +176,6 @@ def _wrong_value(rng: random.Random, true: float) -> float:
         if not _close(v, true):
             return v
     return true + 1
-
-
-def _fmt(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else f"{v:g}"
-
-
-def _call(code: str) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": "python", "arguments": {"code": code}}}
 
 
 def flawed_trajectory(record: Mapping[str, Any], flaw: str, python: Callable[[str], str], rng: random.Random,
@@ -196,9 +190,11 @@ def flawed_trajectory(record: Mapping[str, Any], flaw: str, python: Callable[[st
 
     def computed(kept: Sequence[str], box: float, words: str) -> list[dict[str, Any]]:
         code = "\n".join(f"print({c})" for c in kept)
-        turns = [{"role": "assistant", "content": "Let me compute each step with Python.", "tool_calls": [_call(code)]},
+        turns = [{"role": "assistant", "content": "Let me compute each step with Python.",
+                  "tool_calls": [tool_call("python", {"code": code})]},
                  {"role": "tool", "content": python(code)}] if kept else []
-        return head + turns + [{"role": "assistant", "content": f"{words} The answer is \\boxed{{{_fmt(box)}}}."}]
+        final_turn = {"role": "assistant", "content": f"{words} The answer is \\boxed{{{format_number(box)}}}."}
+        return head + turns + [final_turn]
 
     final = expert[-1]["content"]
     if flaw == "wrong_step":  # the last calculation done with the wrong operation
@@ -249,7 +245,8 @@ def gsm8k_rrm_records(records: Sequence[Mapping[str, Any]], python: Callable[[st
         if msgs is None:
             continue
         a = annotate(rec, msgs)
-        out.append({"id": f"{rec.get('id', len(out))}/{flaw or 'expert'}", "question": rec["question"], "record": dict(rec),
+        out.append({"id": f"{rec.get('id', len(out))}/{flaw or 'expert'}", "question": rec["question"],
+                    "record": dict(rec),
                     "trajectory": msgs, "think": a.think, "critique": a.critique, "score": a.score, "text": a.text,
                     "flaw": flaw, "step": a.step, "target": 1.0 if a.correct else 0.0})
     return out

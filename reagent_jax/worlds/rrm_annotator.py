@@ -174,7 +174,7 @@ def boxed_answer(text: str) -> str | None:
     return found[-1].strip() if found else None
 
 
-def _fmt(v: float) -> str:
+def format_number(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else f"{v:g}"
 
 
@@ -269,13 +269,13 @@ def _check_arithmetic(q: Question, observed: Sequence[int], codes: Sequence[str]
         return
     computed = evaluate_printed(codes[-1]) if codes else None
     if not codes:
-        f.add("wrong_arithmetic", f"The agent worked it out by hand and got {_fmt(value)}, which is wrong.",
+        f.add("wrong_arithmetic", f"The agent worked it out by hand and got {format_number(value)}, which is wrong.",
               "Your arithmetic is wrong; compute the result with the python tool instead of by hand.")
     elif computed is not None and computed != expected:
-        f.add("wrong_arithmetic", f"The python code computes {_fmt(computed)}, not the combination the question asks for.",
+        f.add("wrong_arithmetic", f"The python code computes {format_number(computed)}, not the combination the question asks for.",
               "Your python code does not compute what the question asks; check each operation against the question.")
     else:
-        f.add("wrong_arithmetic", f"The final answer {_fmt(value)} does not match the computation.",
+        f.add("wrong_arithmetic", f"The final answer {format_number(value)} does not match the computation.",
               "Your final answer does not match your computation; report the computed result.")
 
 
@@ -284,12 +284,12 @@ def _score(f: _Findings, correct: bool, answered: bool, by_hand: bool) -> float:
     scores by how far the process got (arithmetic slip > misread > skipped lookup)."""
     has = f.flaws.__contains__
     if correct:
-        return _clamp(CLEAN_SCORE - 0.45 * has("no_boxed") - 0.25 * has("malformed_tool_call")
+        return clamp_score(CLEAN_SCORE - 0.45 * has("no_boxed") - 0.25 * has("malformed_tool_call")
                       - 0.6 * has("skipped_lookup") - 0.5 * has("misread_value") - 0.05 * by_hand)
     if not answered:
         return 0.0
     base = 0.05 if has("skipped_lookup") else 0.1 if has("misread_value") else 0.2 if has("wrong_arithmetic") else 0.1
-    return _clamp(base - 0.05 * has("malformed_tool_call") - 0.05 * has("no_boxed"))
+    return clamp_score(base - 0.05 * has("malformed_tool_call") - 0.05 * has("no_boxed"))
 
 
 def annotate(
@@ -326,17 +326,17 @@ def annotate(
 
     has = f.flaws.__contains__
     sub = {
-        "reasoning": _clamp(1.0 - 0.7 * has("wrong_arithmetic") - 0.3 * has("no_boxed") - 0.8 * has("no_answer")
+        "reasoning": clamp_score(1.0 - 0.7 * has("wrong_arithmetic") - 0.3 * has("no_boxed") - 0.8 * has("no_answer")
                             - 0.1 * by_hand),
-        "tool_use": _clamp(1.0 - 0.6 * has("skipped_lookup") - 0.4 * has("malformed_tool_call")),
-        "information_use": _clamp(1.0 - 0.7 * has("misread_value") - 0.5 * has("skipped_lookup")),
+        "tool_use": clamp_score(1.0 - 0.6 * has("skipped_lookup") - 0.4 * has("malformed_tool_call")),
+        "information_use": clamp_score(1.0 - 0.7 * has("misread_value") - 0.5 * has("skipped_lookup")),
     }
     think_text, critique_text = "\n".join(f.think), " ".join(f.critique)
     text = render_judgement(think_text, critique_text, score, sub_scores=sub if multi_dim else None)
     return Annotation(think_text, critique_text, score, tuple(f.flaws), sub, text)
 
 
-def _clamp(x: float) -> float:
+def clamp_score(x: float) -> float:
     return round(min(1.0, max(0.0, x)), 2)
 
 
