@@ -4,17 +4,20 @@ At pod scale (Reagent-RL-709K, RRM-RL-90K) every host parsing and indexing whole
 the bottleneck; an ArrayRecord dataset is random-access on disk, so a host reads only the records
 its sampler asks for and memory does not grow with the dataset. No TensorFlow is needed, to build
 or to read: `TfdsSource` reads the shards listed in the dataset's metadata with a thread-local
-`ArrayRecordReader` per shard (`seek` + `read`, ~10 us a record; the reader's parallel
-`read([i])` costs ~240 us) and decodes the tf.Example with a cached per-schema plan.
+`ArrayRecordReader` per shard (`seek` + `read`; the reader's parallel `read([i])` costs far more
+in thread dispatch) and decodes one JSON feature of the tf.Example.
 
 Each schema has one builder (`reagent_agent_rl`, `reagent_agent_sft`, ...); the dataset a user
 builds is a config of it, named by them (`reagent_agent_rl/gsm8k`). Rows are validated by
 `JsonlSource` while building, so broken rows are skipped with the same counted, named warning as
 today, and the count is kept in the dataset's metadata. Features: the schema's text fields as
-`Text`, answer lists as `Sequence(Text)`, scores as their exact repr
-(tf.Example floats are float32), and everything nested or
-optional (messages, tools, meta, unnamed extra fields) as JSON text; reading gives back the same
-normalised dict that `JsonlSource` gives for the row.
+`Text`, answer lists as `Sequence(Text)`, scores as their exact repr (tf.Example floats are
+float32), everything nested or optional (messages, tools, meta) as JSON text, for readers that use
+TFDS's own `tfds.data_source`; and `_row`, the whole normalised row (unnamed extra fields too) as
+one JSON text, which is what `TfdsSource` reads: one feature lookup and one `json.loads` cost
+half of decoding every field through upb's map. Shards are rewritten with snappy after TFDS
+writes them (zstd's per-record decompression was half of a random read; snappy files are about
+as small on these rows). Reading gives back the same normalised dict that `JsonlSource` gives.
 
 Read with a spec string wherever a config takes a file path: `tfds:reagent_agent_rl/gsm8k`
 (`data.data_dir` or `$TFDS_DATA_DIR` says where; `tfds:NAME:split` picks a split, default train).
@@ -34,9 +37,11 @@ from reagent_jax.data import schemas
 from reagent_jax.data.sources import JsonlSource
 
 TFDS_PREFIX = "tfds:"
-VERSION = "1.0.0"  # bump when the feature layout changes: a resumed loader then refuses the new data
-_EXTRA = "_extra_json"  # fields the schema does not name, kept as they were
+VERSION = "1.1.0"  # bump when the feature layout changes: a resumed loader then refuses the new data
+# 1.1.0: `_row` (the whole row as JSON) replaced `_extra_json`; shards are snappy, not zstd
+_ROW = "_row"  # the whole normalised row as JSON: what TfdsSource decodes
 _WHERE = "_where"  # source file:line of the row, for error messages downstream
+COMPRESSION = "snappy"  # ArrayRecord's per-chunk compression of the shards (TFDS writes zstd:3)
 
 
 def _field_kind(field: schemas.Field) -> str:
@@ -56,14 +61,13 @@ def _features(schema: schemas.Schema):
              "texts": lambda: tfds.features.Sequence(tfds.features.Text()),
              "float": tfds.features.Text}  # tf.Example floats are float32: scores as exact repr text
     spec = {f.name: kinds[_field_kind(f)]() for f in schema.fields}
-    spec[_EXTRA] = tfds.features.Text()
+    spec[_ROW] = tfds.features.Text()
     spec[_WHERE] = tfds.features.Text()
     return tfds.features.FeaturesDict(spec)
 
 
 def encode_row(schema: schemas.Schema, row: dict, where: str) -> dict:
     """A validated row as the builder's example dict."""
-    named = {f.name for f in schema.fields}
     out = {}
     for f in schema.fields:
         value = row.get(f.name)
@@ -73,43 +77,27 @@ def encode_row(schema: schemas.Schema, row: dict, where: str) -> dict:
         elif kind == "float":
             value = repr(float(value))
         out[f.name] = value
-    out[_EXTRA] = json.dumps({k: v for k, v in row.items() if k not in named}, ensure_ascii=False)
+    out[_ROW] = json.dumps(row, ensure_ascii=False)
     out[_WHERE] = where
     return out
 
 
 @functools.cache
-def _decode_plan(schema: schemas.Schema) -> tuple[tuple[str, str], ...]:
-    return tuple((f.name, _field_kind(f)) for f in schema.fields)
-
-
-def decode_record(schema: schemas.Schema, serialized: bytes) -> dict:
-    """One stored record (a serialized tf.Example of the builder's features) back as the row dict
-    `JsonlSource` gives. Parsed directly: 2.4x faster than TFDS's generic NumPy decoder."""
+def _example_class():
+    """tf.Example, imported once on first read (importing TFDS costs seconds)."""
     from tensorflow_datasets.proto import tf_example_pb2
-    feature = tf_example_pb2.Example.FromString(serialized).features.feature
-    row = {}
-    for name, kind in _decode_plan(schema):
-        values = feature[name].bytes_list.value
-        if kind == "texts":
-            row[name] = [v.decode("utf-8") for v in values]
-        elif not values:  # an absent optional field (json "")
-            continue
-        elif kind == "text":
-            row[name] = values[0].decode("utf-8")
-        elif kind == "float":
-            row[name] = float(values[0])
-        elif values[0]:
-            row[name] = json.loads(values[0])
-    extra = feature[_EXTRA].bytes_list.value
-    if extra and extra[0] != b"{}":
-        row.update(json.loads(extra[0]))
-    return row
+    return tf_example_pb2.Example
+
+
+def decode_record(serialized: bytes) -> dict:
+    """One stored record (a serialized tf.Example of the builder's features) back as the row dict
+    `JsonlSource` gives: its `_row` JSON, so no per-field decoding."""
+    feature = _example_class().FromString(serialized).features.feature
+    return json.loads(feature[_ROW].bytes_list.value[0])
 
 
 def record_where(serialized: bytes) -> str:
-    from tensorflow_datasets.proto import tf_example_pb2
-    return tf_example_pb2.Example.FromString(serialized).features.feature[_WHERE].bytes_list.value[0].decode("utf-8")
+    return _example_class().FromString(serialized).features.feature[_WHERE].bytes_list.value[0].decode("utf-8")
 
 
 @functools.cache  # TFDS registers each builder class by name once
@@ -168,7 +156,28 @@ def build_dataset(schema: schemas.Schema | str, name: str, splits: dict[str, str
                   file_format="array_record")
     mode = tfds.download.GenerateMode.FORCE_REDOWNLOAD if existing else None
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(download_mode=mode) if mode else None)
+    for split in builder.info.splits.values():
+        for path in split.filepaths:
+            _recompress(os.fspath(path))
     return spec
+
+
+def _recompress(path: str, chunk: int = 4096) -> None:
+    """Rewrites one shard with `COMPRESSION`, record for record, in place (atomically). TFDS's
+    ArrayRecord writer hard-codes zstd, whose per-record decompression was half of a random read."""
+    from array_record.python import array_record_module
+    reader = array_record_module.ArrayRecordReader(path)
+    tmp = path + ".recompress"
+    writer = array_record_module.ArrayRecordWriter(tmp, f"group_size:1,{COMPRESSION}")
+    try:
+        n = reader.num_records()
+        for begin in range(0, n, chunk):
+            for record in reader.read(begin, min(begin + chunk, n)):
+                writer.write(record)
+    finally:
+        writer.close()
+        reader.close()
+    os.replace(tmp, path)
 
 
 def is_tfds_spec(path: Any) -> bool:
@@ -239,8 +248,8 @@ class TfdsSource:
         return self._len
 
     def _record(self, index: int) -> bytes:
-        """The serialized record. A sequential single-thread reader per file, positioned with seek:
-        ArrayRecord's parallel `read([i])` costs ~240 us a record in thread dispatch, seek + read ~10 us."""
+        """The serialized record, from a single-thread reader per (thread, file) read by range: the
+        reader's parallel `read([i])` costs ~100x more a record in thread dispatch."""
         n = self._len
         index = int(index)
         if not -n <= index < n:
@@ -251,8 +260,8 @@ class TfdsSource:
             reader = self._local.readers[shard]
         except (AttributeError, KeyError):
             reader = self._open_reader(shard)
-        reader.seek(index - self._starts[shard])
-        return reader.read()
+        local = index - self._starts[shard]
+        return reader.read(local, local + 1)[0]  # one call: ~20% less than seek() + read()
 
     def _open_reader(self, shard: int):
         from array_record.python import array_record_module
@@ -262,7 +271,7 @@ class TfdsSource:
         return readers[shard]
 
     def __getitem__(self, index: int) -> dict:
-        return decode_record(self.schema, self._record(index))
+        return decode_record(self._record(index))
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict]:
         """Batched reads (the batched-read hook Grain calls `_getitems`)."""

@@ -95,6 +95,33 @@ def test_open_rows_picks_the_reader_and_refuses_bad_specs(built, tmp_path):
         data.open_rows(paths["agent_rl"][1] + ":test", "agent_rl", data_dir=data_dir)
 
 
+def test_tfds_own_reader_sees_the_schema_features_and_shards_are_snappy(built):
+    import tensorflow_datasets as tfds
+    from array_record.python import array_record_module
+    data_dir, paths = built
+    directory = tfds_rows.dataset_dir(paths["rrm_sft"][1], data_dir)
+    native = tfds.builder_from_directory(directory).as_data_source(split="train")
+    ours = data.TfdsSource(paths["rrm_sft"][1], data_dir=data_dir)
+    for i in (0, 7, N - 1):
+        example = native[i]  # TFDS's generic decoder: the schema's own fields
+        assert example["question"].decode() == ours[i]["question"]
+        assert json.loads(example["trajectory"]) == ours[i]["trajectory"]
+        assert float(example["score"]) == ours[i]["score"]
+    for path in ours._files:
+        assert "snappy" in array_record_module.ArrayRecordReader(path).writer_options_string()
+
+
+def test_a_dataset_of_another_layout_version_is_refused(built, tmp_path):
+    import shutil
+    data_dir, paths = built
+    old = tmp_path / "reagent_agent_rl" / "toy" / "1.0.0"
+    shutil.copytree(tfds_rows.dataset_dir(paths["agent_rl"][1], data_dir), old)
+    info = json.loads((old / "dataset_info.json").read_text())
+    (old / "dataset_info.json").write_text(json.dumps({**info, "version": "1.0.0"}))
+    with pytest.raises(ValueError, match="built as version 1.0.0.*--overwrite"):
+        data.TfdsSource(paths["agent_rl"][1], data_dir=str(tmp_path))
+
+
 def _loader(source, index, count, **kw):
     return data.make_loader(source, batch_size=8, seed=3, num_epochs=1, drop_remainder=False,
                             shard_options=grain.sharding.ShardOptions(index, count), **kw)
