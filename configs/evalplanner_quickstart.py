@@ -30,6 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
         response_kind="answer",   # answer | trajectory (synthetic only)
         flaws="",                 # comma-separated subset of the flaws ("" = all)
         train_paths="", eval_paths="", math_path="", math_samples=8,
+        data_dir="",              # where tfds: datasets in train_paths / eval_paths are built
         num_seed=96, num_per_round=16, num_eval=24))
     c.tokenizer = ml_collections.ConfigDict(dict(kind="compact", vocab_size=1024, path=""))
     c.model = ml_collections.ConfigDict(dict(

@@ -35,8 +35,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.policy = ml_collections.ConfigDict(dict(path="", tokenizer="", dtype="bfloat16", name="policy"))
 
     # Comma-separated: names in the benchmark directory ($REAGENT_BENCHMARK_DIR or shared/data/benchmarks),
-    # paths, or name=path pairs. limit: first N questions of each (0 = all).
+    # paths, tfds:reagent_benchmark/NAME specs (built under data_dir, else $TFDS_DATA_DIR; see
+    # docs/data.md), or name=path pairs. limit: first N questions of each (0 = all).
     c.benchmarks = "bamboogle,hotpotqa,2wiki,musique,gsm8k_full,math500,aime24,aime25"
+    c.data_dir = ""
     c.limit = 0
     c.k = 4                 # episodes per question: avg@k and pass@k
     c.greedy = False        # True: temperature 0 (then use k=1)

@@ -1,6 +1,7 @@
 """Grain input pipelines: validated JSONL/parquet sources, TFDS/ArrayRecord datasets, row schemas, resumable batch loaders."""
 
-from reagent_jax.data.benchmarks import benchmark_dir, list_benchmarks, load_benchmark, resolve_benchmark
+from reagent_jax.data.benchmarks import (benchmark_dir, benchmark_name, list_benchmarks, load_benchmark,
+                                         resolve_benchmark)
 from reagent_jax.data.loader import BatchIterator, make_loader
 from reagent_jax.data.schemas import (
     AGENT_RL,
@@ -34,6 +35,7 @@ __all__ = [
     "RowsAt",
     "Schema",
     "benchmark_dir",
+    "benchmark_name",
     "build_dataset",
     "expand_paths",
     "get_schema",

@@ -2,6 +2,8 @@
 
 Evaluation reads whole files (hundreds of rows), so this returns plain lists. A bare name such as
 "bamboogle" is looked up in `benchmark_dir()`, so launch flags can say `--benchmarks=gsm8k_full,hle`.
+A `tfds:reagent_benchmark/NAME[:split]` spec reads a built dataset instead (`data.build_dataset`),
+in its record order (TFDS shuffles at build time, so `limit` takes a fixed sample, not the file's head).
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 from typing import Optional
 
 from reagent_jax.data.schemas import BENCHMARK
+from reagent_jax.data import tfds_rows
 from reagent_jax.data.sources import JsonlSource
 
 ENV_DIR = "REAGENT_BENCHMARK_DIR"
@@ -26,9 +29,13 @@ def benchmark_dir() -> Optional[str]:
     return None
 
 
-def resolve_benchmark(path_or_name: str | os.PathLike) -> str:
-    """A file path as given, or `<benchmark_dir>/<name>.jsonl` for a bare name."""
+def resolve_benchmark(path_or_name: str | os.PathLike, data_dir: Optional[str] = None) -> str:
+    """A file path as given, `<benchmark_dir>/<name>.jsonl` for a bare name, or a `tfds:` spec of a
+    built dataset (FileNotFoundError naming the build command when there is none)."""
     path = os.fspath(path_or_name)
+    if tfds_rows.is_tfds_spec(path):
+        tfds_rows.dataset_dir(path, data_dir)
+        return path
     if os.path.isfile(path):
         return path
     if os.sep not in path and not path.endswith(".jsonl"):
@@ -48,17 +55,34 @@ def list_benchmarks(directory: Optional[str] = None) -> list[str]:
     return sorted(f[:-len(".jsonl")] for f in os.listdir(directory) if f.endswith(".jsonl"))
 
 
-def load_benchmark(path: str | os.PathLike, *, limit: Optional[int] = None,
-                   skipped: Optional[list] = None) -> list[dict]:
-    """Validated rows of one benchmark file, in file order; broken rows are skipped with a warning.
+def benchmark_name(path: str) -> str:
+    """The results key of a benchmark path: the file's stem, or a `tfds:` dataset's name (with its
+    split when not train)."""
+    if tfds_rows.is_tfds_spec(path):
+        _, name, split = tfds_rows.parse_spec(path)
+        return name if split == "train" else f"{name}_{split}"
+    return os.path.splitext(os.path.basename(path))[0]
 
-    `skipped`, when given, is extended with (file, line, reason) of every broken row of the file,
-    so an evaluation can report how many questions it could not even read.
+
+def load_benchmark(path: str | os.PathLike, *, limit: Optional[int] = None,
+                   skipped: Optional[list] = None, data_dir: Optional[str] = None) -> list[dict]:
+    """Validated rows of one benchmark file (in file order) or built `tfds:` dataset (in record
+    order); broken rows are skipped with a warning.
+
+    `skipped`, when given, is extended with (file, line, reason) of every broken row, so an
+    evaluation can report how many questions it could not even read (a built dataset kept only the
+    count: its rows are named in the build's warnings).
     Raises ValueError when two rows share an `id` (results are keyed by id).
     """
-    source = JsonlSource(resolve_benchmark(path), BENCHMARK)
+    path = resolve_benchmark(path, data_dir)
+    if tfds_rows.is_tfds_spec(path):
+        source = tfds_rows.TfdsSource(path, BENCHMARK, data_dir=data_dir)
+        broken = [(path, "build", "broken row skipped when the dataset was built")] * source.skipped_rows
+    else:
+        source = JsonlSource(path, BENCHMARK)
+        broken = source.skipped
     if skipped is not None:
-        skipped.extend(source.skipped)
+        skipped.extend(broken)
     try:
         n = len(source) if limit is None else min(limit, len(source))
         rows, seen = [], {}
@@ -71,4 +95,5 @@ def load_benchmark(path: str | os.PathLike, *, limit: Optional[int] = None,
             rows.append(row)
         return rows
     finally:
-        source.close()
+        if isinstance(source, JsonlSource):
+            source.close()

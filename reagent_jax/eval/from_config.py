@@ -15,7 +15,7 @@ from typing import Any, Optional
 from reagent_jax import parallel
 from reagent_jax.agent import tools as tools_lib
 from reagent_jax.agent.loop import AgentConfig, FINAL_STEP_MESSAGE, DEFAULT_SYSTEM_PROMPT
-from reagent_jax.data import load_benchmark, resolve_benchmark
+from reagent_jax.data import benchmark_name, load_benchmark, resolve_benchmark
 from reagent_jax.endpoints import EndpointConfig
 from reagent_jax.eval.harness import DEFAULT_TOOL_SETS, BenchmarkSpec, EvalSettings, Evaluator, tools_for
 from reagent_jax.eval.llm_judge import LLMAnswerJudge
@@ -45,17 +45,19 @@ def tool_sets(config) -> dict[str, tuple[str, ...]]:
 
 
 def benchmark_specs(config) -> list[BenchmarkSpec]:
-    """`config.benchmarks`: comma-separated names (files in the benchmark directory), paths, or
-    name=path pairs (e.g. "gaia=/data/gaia.jsonl")."""
+    """`config.benchmarks`: comma-separated names (files in the benchmark directory), paths,
+    `tfds:reagent_benchmark/NAME` specs (built under `config.data_dir`), or name=path pairs (e.g.
+    "gaia=/data/gaia.jsonl")."""
     sets, limit = tool_sets(config), int(config.get("limit", 0) or 0) or None
+    data_dir = config.get("data_dir", "") or None
     specs = []
     for item in _split(config.benchmarks):
         name, _, path = item.partition("=") if "=" in item else ("", "", item)
-        path = resolve_benchmark(path)
-        name = name or os.path.splitext(os.path.basename(path))[0]
-        rows = load_benchmark(path, limit=1)
+        path = resolve_benchmark(path, data_dir)
+        name = name or benchmark_name(path)
+        rows = load_benchmark(path, limit=1, data_dir=data_dir)
         source = rows[0].get("source") if rows else None
-        specs.append(BenchmarkSpec(name, path, tools_for(name, source, sets), limit))
+        specs.append(BenchmarkSpec(name, path, tools_for(name, source, sets), limit, data_dir))
     if not specs:
         raise ValueError("config.benchmarks names no benchmark (e.g. 'bamboogle,gsm8k_full' or 'gaia=/path/gaia.jsonl')")
     return specs

@@ -62,9 +62,10 @@ def tools_for(name: str, source: Optional[str] = None,
 @dataclasses.dataclass(frozen=True)
 class BenchmarkSpec:
     name: str  # key in the results and the reports
-    path: str  # a JSONL file, or a name under the benchmark directory
+    path: str  # a JSONL file, a name under the benchmark directory, or a tfds:reagent_benchmark/... spec
     tools: tuple[str, ...]
     limit: Optional[int] = None  # first N questions only
+    data_dir: Optional[str] = None  # where tfds: specs are built ($TFDS_DATA_DIR when None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +160,7 @@ class Evaluator:
     def run_benchmark(self, spec: BenchmarkSpec) -> dict[str, Any]:
         s = self.settings
         broken: list = []  # rows of the file that do not parse: reported, as they cannot be run
-        rows = load_benchmark(spec.path, limit=spec.limit, skipped=broken)
+        rows = load_benchmark(spec.path, limit=spec.limit, skipped=broken, data_dir=spec.data_dir)
         todo = [r for r in rows if not self.store.done(spec.name, r["id"], s.k, s.refine)]
         ids = {r["id"] for r in rows}
         finished = [[bool(x["correct"]) for x in r["samples"][:s.k]] for r in self.store.records(spec.name)

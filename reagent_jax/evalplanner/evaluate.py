@@ -31,9 +31,10 @@ from reagent_jax.metrics import markdown_table
 ALL = "all"
 
 
-def load_pairwise_set(paths, on_error: str = "skip") -> list[Triple]:
-    """Pairs from JSONL / parquet files in the documented schema (bad rows skipped with a warning)."""
-    return load_triples(paths, on_error=on_error)
+def load_pairwise_set(paths, on_error: str = "skip", data_dir: str | None = None) -> list[Triple]:
+    """Pairs from JSONL / parquet files or built `tfds:` datasets in the documented schema (bad rows
+    skipped with a warning)."""
+    return load_triples(paths, on_error=on_error, data_dir=data_dir)
 
 
 def random_orders(ids: Sequence[Any], seed: int) -> dict[Any, bool]:

@@ -33,7 +33,7 @@ import random
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from reagent_jax import chat
-from reagent_jax.data.sources import JsonlSource
+from reagent_jax.data import open_rows
 from reagent_jax.evalplanner.judge import PairItem, request_seed
 from reagent_jax.rewards import score_answer
 from reagent_jax.rollout import SamplingParams
@@ -89,15 +89,17 @@ class LabelledChain:
 
 
 # ---- sources of triples ----------------------------------------------------------------------
-def load_triples(paths: str | Sequence[str], on_error: str = "skip") -> list[Triple]:
-    """Triples from JSONL / parquet files in the `EVALPLANNER_PAIR` schema (see `data.schemas`);
+def load_triples(paths: str | Sequence[str], on_error: str = "skip", data_dir: str | None = None) -> list[Triple]:
+    """Triples from JSONL / parquet files or built `tfds:reagent_evalplanner_pair/NAME` datasets
+    (under `data_dir`) in the `EVALPLANNER_PAIR` schema (see `data.schemas`), in the order given;
     rows without an id get "<file>:<row>"."""
-    src = JsonlSource(paths, "evalplanner_pair", on_error=on_error)
     out = []
-    for i, row in enumerate(src):
-        rid = row.get("id")
-        out.append(Triple(str(rid) if rid is not None else f"{os.path.basename(src.where(i))}",
-                          row["instruction"], row["chosen"], row["rejected"], str(row.get("category") or "default")))
+    for path in [paths] if isinstance(paths, str) else paths:
+        src = open_rows(path, "evalplanner_pair", data_dir=data_dir, on_error=on_error)
+        for i, row in enumerate(src):
+            rid = row.get("id")
+            out.append(Triple(str(rid) if rid is not None else f"{os.path.basename(src.where(i))}", row["instruction"],
+                              row["chosen"], row["rejected"], str(row.get("category") or "default")))
     check_unique_ids(out, str(paths))
     return out
 

@@ -200,7 +200,7 @@ def _eval_path(p: _Problems) -> None:
     """data.eval_path: a benchmark name or file, as `data.load_benchmark` resolves it."""
     if p.get("data.eval_path", ""):
         try:
-            resolve_benchmark(p.get("data.eval_path"))
+            resolve_benchmark(p.get("data.eval_path"), p.get("data.data_dir", "") or None)
         except FileNotFoundError as e:
             p.add("data.eval_path", str(e))
 
@@ -212,11 +212,13 @@ def _data_paths(p: _Problems, keys: Sequence[str], comma_lists: bool = False) ->
         value = p.get(key, "")
         if not value:
             continue
+        items = [s.strip() for s in str(value).split(",") if s.strip()] if comma_lists else [str(value)]
         try:
-            if is_tfds_spec(value):
-                tfds_rows.dataset_dir(value, p.get("data.data_dir", "") or None)
-                continue
-            expand_paths([s for s in str(value).split(",") if s.strip()] if comma_lists else str(value))
+            for spec in filter(is_tfds_spec, items):
+                tfds_rows.dataset_dir(spec, p.get("data.data_dir", "") or None)
+            files = [s for s in items if not is_tfds_spec(s)]
+            if files:
+                expand_paths(files if comma_lists else files[0])
         except (FileNotFoundError, ValueError) as e:
             p.add(key, str(e))
 
@@ -341,7 +343,7 @@ def check_eval_config(config, *, num_devices: Optional[int] = None, check_paths:
     elif check_paths:
         for item in items:
             try:
-                resolve_benchmark(item.partition("=")[2] if "=" in item else item)
+                resolve_benchmark(item.partition("=")[2] if "=" in item else item, p.get("data_dir", "") or None)
             except FileNotFoundError as e:
                 p.add("benchmarks", str(e))
     p.raise_if_any("evaluation")

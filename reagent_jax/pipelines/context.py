@@ -198,8 +198,10 @@ def load_records(ctx) -> tuple[Sequence[dict], list[dict]]:
     d = ctx.config.data
     if not d.train_path:
         raise ValueError("config.data.train_path is required when there is no synthetic world")
-    train = data.open_rows(d.train_path, data.AGENT_RL, data_dir=d.get("data_dir", "") or None)
-    heldout = data.load_benchmark(d.eval_path)[: ctx.config.eval.num_questions] if d.eval_path else []
+    data_dir = d.get("data_dir", "") or None
+    train = data.open_rows(d.train_path, data.AGENT_RL, data_dir=data_dir)
+    heldout = (data.load_benchmark(d.eval_path, limit=ctx.config.eval.num_questions, data_dir=data_dir)
+               if d.eval_path else [])
     return train, heldout
 
 

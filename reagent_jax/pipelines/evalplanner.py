@@ -30,6 +30,7 @@ import os
 import time
 
 from reagent_jax import chat, checkpoint, metrics as metrics_lib
+from reagent_jax.data import load_benchmark
 from reagent_jax.evalplanner import prompts as P
 from reagent_jax.evalplanner.evaluate import evaluate_pairs, load_pairwise_set, report_rows
 from reagent_jax.evalplanner.judge import EngineJudge, JudgeConfig
@@ -79,9 +80,10 @@ def _file_splits(config) -> dict[str, list[Triple]]:
     d = config.data
     if not d.eval_paths:
         raise ValueError("data.source='jsonl' needs data.eval_paths (pairwise JSONL, EVALPLANNER_PAIR schema)")
-    out = {"eval": load_pairwise_set(d.eval_paths.split(","))[:d.num_eval]}
+    data_dir = d.get("data_dir", "") or None
+    out = {"eval": load_pairwise_set(d.eval_paths.split(","), data_dir=data_dir)[:d.num_eval]}
     if d.source == "jsonl":
-        train = load_triples(d.train_paths.split(","))
+        train = load_triples(d.train_paths.split(","), data_dir=data_dir)
         rounds = config.dpo.rounds
         if len(train) <= (rounds - 1) * d.num_per_round:  # the last round would get no instruction at all
             raise ValueError(f"data: {rounds} DPO rounds of {d.num_per_round} fresh instructions need more than "
@@ -194,7 +196,8 @@ class _Run:
         name = f"round{r}"
         if name not in self.splits:  # math: solutions sampled now, by the judge being trained
             d = self.config.data
-            problems = read_jsonl(d.math_path)[(r - 1) * d.num_per_round:r * d.num_per_round]
+            problems = load_benchmark(d.math_path, limit=r * d.num_per_round,
+                                      data_dir=d.get("data_dir", "") or None)[(r - 1) * d.num_per_round:]
             sampler = engine_solution_sampler(self.engine, self.tok, seed=self.config.seed + r,
                                               max_new_tokens=self.jcfg.max_execution_tokens)
             self.splits[name] = math_triples(problems, sampler, n=d.math_samples, seed=self.config.seed + r)

@@ -122,6 +122,40 @@ def test_a_dataset_of_another_layout_version_is_refused(built, tmp_path):
         data.TfdsSource(paths["agent_rl"][1], data_dir=str(tmp_path))
 
 
+def test_benchmarks_and_evalplanner_pairs_read_built_datasets(built, tmp_path):
+    from reagent_jax.evalplanner.pairs import load_triples
+    data_dir, paths = built
+    path, spec = paths["benchmark"]
+    broken = []
+    rows = data.load_benchmark(spec, skipped=broken, data_dir=data_dir)
+    assert _canon(rows) == _canon(data.load_benchmark(path)) and len(broken) == 1
+    assert data.load_benchmark(spec, limit=5, data_dir=data_dir) == rows[:5]  # record order, fixed
+    assert data.benchmark_name(spec) == "toy" and data.benchmark_name(spec + ":test") == "toy_test"
+    with pytest.raises(FileNotFoundError, match="launch/build_datasets.py"):
+        data.resolve_benchmark("tfds:reagent_benchmark/missing", data_dir)
+    pair_path, pair_spec = paths["evalplanner_pair"]
+    from_files, from_tfds = load_triples([pair_path]), load_triples([pair_spec], data_dir=data_dir)
+    key = lambda t: t.id  # noqa: E731
+    assert sorted(from_tfds, key=key) == sorted(from_files, key=key) and len(from_tfds) == N
+    with pytest.raises(ValueError, match="duplicate pair ids"):  # a spec and its source file hold the same ids
+        load_triples([pair_spec, pair_path], data_dir=data_dir)
+
+
+def test_evaluation_config_takes_a_built_benchmark(built):
+    import importlib.util
+    from reagent_jax.eval import from_config
+    data_dir, paths = built
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location("evaluate_example", os.path.join(root, "configs", "evaluate_example.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    config.benchmarks, config.data_dir, config.limit = f"{paths['benchmark'][1]},named={paths['benchmark'][0]}", data_dir, 3
+    toy, named = from_config.benchmark_specs(config)
+    assert (toy.name, toy.path, toy.data_dir, toy.limit) == ("toy", paths["benchmark"][1], data_dir, 3)
+    assert named.name == "named" and named.path == paths["benchmark"][0]
+
+
 def _loader(source, index, count, **kw):
     return data.make_loader(source, batch_size=8, seed=3, num_epochs=1, drop_remainder=False,
                             shard_options=grain.sharding.ShardOptions(index, count), **kw)
@@ -162,6 +196,7 @@ def test_loader_state_resumes_at_the_same_record_and_refuses_other_data(built, t
 
 
 def test_config_check_accepts_a_built_dataset_and_names_a_missing_one(built, tmp_path):
+    import ml_collections
     from reagent_jax.pipelines import config_checks
     data_dir, paths = built
     problems = config_checks._Problems(_config(paths["agent_rl"][1], data_dir))
@@ -170,6 +205,19 @@ def test_config_check_accepts_a_built_dataset_and_names_a_missing_one(built, tmp
     problems = config_checks._Problems(_config("tfds:reagent_agent_rl/nope", data_dir))
     config_checks._data_paths(problems, ("data.train_path",))
     assert "no built dataset" in str(problems.lines)
+    # Comma lists (EvalPlanner's train_paths) may mix built datasets and files, each checked.
+    pairs = f"{paths['evalplanner_pair'][1]},{paths['evalplanner_pair'][0]}"
+    problems = config_checks._Problems(_config(pairs, data_dir))
+    config_checks._data_paths(problems, ("data.train_path",), comma_lists=True)
+    assert not problems.lines
+    problems = config_checks._Problems(_config(pairs + ",tfds:reagent_evalplanner_pair/nope", data_dir))
+    config_checks._data_paths(problems, ("data.train_path",), comma_lists=True)
+    assert "reagent_evalplanner_pair/nope" in str(problems.lines)
+    # data.eval_path: a built benchmark dataset resolves under data.data_dir.
+    problems = config_checks._Problems(ml_collections.ConfigDict(
+        {"data": {"eval_path": paths["benchmark"][1], "data_dir": data_dir}}))
+    config_checks._eval_path(problems)
+    assert not problems.lines
 
 
 def _config(train_path, data_dir):
