@@ -15,6 +15,7 @@ to a factor (n - 1) / n of the group size, the same convention as the minimum ea
 from __future__ import annotations
 
 import collections
+import itertools
 import re
 from typing import Iterator
 
@@ -28,6 +29,7 @@ _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*")
 _CALLS = re.compile(r"\b(?:calls|to_apply|body|branch_computations)=\{?%([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _CONST = re.compile(r"constant\((\d+)\)")
+_CHANNEL = re.compile(r"\bchannel_id=(\d+)")
 _CONTRACTING = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
 _GEMM_TARGETS = ("reagent_sgemm",)  # the CPU kernels' plain GEMMs (kernels/cpu/gemm.py)
 _ON_CHIP = re.compile(r"\{[^}]*S\(1\)\}")  # a layout that puts an array in VMEM
@@ -139,11 +141,15 @@ def _walk(comps, entry, into_fusions: bool = True) -> Iterator[tuple[_Instr, int
 def collective_bytes(hlo) -> dict[str, float]:
     """Bytes per collective kind (see the module docstring), loops unrolled by their trip counts.
     The TPU compiler writes a reduce-scatter as an all-reduce + dynamic-slice inside an
-    `all-reduce-scatter` fusion: counted as the reduce-scatter it is."""
+    `all-reduce-scatter` fusion: counted as the reduce-scatter it is. It also splits one async
+    collective into a start fusion, continuation fusions (overlapped with compute, possibly inside
+    an inner loop) and a done fusion, each holding a copy of the op with the same `channel_id`:
+    such an op is one transfer, counted once at the outermost loop level holding a piece of it."""
     comps, entry = parse(hlo)
-    out = {k: 0.0 for k in KINDS}
     rs_fusions = {name for name in comps if name.startswith("all-reduce-scatter")}
     rs_members = {ins.name for name in rs_fusions for ins in comps[name]}
+    transfers: dict[object, tuple[str, float, int]] = {}  # channel (or each op) -> (kind, bytes, executions)
+    unnamed = itertools.count()
     for ins, mult, types in _walk(comps, entry):
         kind = _kind(ins.op)
         if kind is None:
@@ -155,6 +161,12 @@ def collective_bytes(hlo) -> dict[str, float]:
         if ins.op.endswith("-start") and kind != "all-reduce":
             result = max(result - operands, 0.0)  # async results carry their operands (and u32 contexts)
         size = result if kind == "all-gather" else max(result, operands)
+        channel = _CHANNEL.search(ins.args)
+        key = channel.group(1) if channel else next(unnamed)
+        if key not in transfers or mult < transfers[key][2]:
+            transfers[key] = (kind, size, mult)
+    out = {k: 0.0 for k in KINDS}
+    for kind, size, mult in transfers.values():
         out[kind] += size * mult
     return out
 

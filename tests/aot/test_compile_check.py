@@ -230,6 +230,73 @@ def test_hlo_statistics_count_loop_bodies_by_their_trip_counts():
     assert hlo_stats.shape_bytes("(bf16[2,3]{1,0}, s32[])") == 2 * 3 * 2 + 4
 
 
+ASYNC_HLO = """
+HloModule m
+
+%start (a: bf16[1,256,64]) -> bf16[1,4096,64] {
+  %a = bf16[1,256,64]{2,1,0} parameter(0)
+  %ag.0 = bf16[1,4096,64]{2,1,0} all-gather(%a), channel_id=7, dimensions={1}
+  ROOT %s = bf16[1,4096,64]{2,1,0} custom-call(%a, %ag.0), custom_call_target="AsyncCollectiveStart"
+}
+
+%async_collective_fusion.1 (a: bf16[1,256,64]) -> bf16[1,4096,64] {
+  %a = bf16[1,256,64]{2,1,0} parameter(0)
+  ROOT %ag.1 = bf16[1,4096,64]{2,1,0} all-gather(%a), channel_id=7, dimensions={1}
+}
+
+%done (a: bf16[1,256,64]) -> bf16[1,4096,64] {
+  %a = bf16[1,256,64]{2,1,0} parameter(0)
+  %ag.2 = bf16[1,4096,64]{2,1,0} all-gather(%a), channel_id=7, dimensions={1}
+  %other = bf16[1,4096,64]{2,1,0} all-gather(%a), channel_id=8, dimensions={1}
+  ROOT %d = bf16[1,4096,64]{2,1,0} custom-call(%a, %ag.2), custom_call_target="AsyncCollectiveDone"
+}
+
+%inner (p: (s32[], bf16[1,256,64])) -> (s32[], bf16[1,256,64]) {
+  %p = (s32[], bf16[1,256,64]) parameter(0)
+  %x = bf16[1,256,64]{2,1,0} get-tuple-element(%p), index=1
+  %f1 = bf16[1,4096,64]{2,1,0} fusion(%x), kind=kCustom, calls=%async_collective_fusion.1
+  ROOT %t = (s32[], bf16[1,256,64]) tuple(%i, %x)
+}
+
+%inner_cond (p: (s32[], bf16[1,256,64])) -> pred[] {
+  %p = (s32[], bf16[1,256,64]) parameter(0)
+  %c = s32[] constant(8)
+  ROOT %lt = pred[] compare(%i, %c), direction=LT
+}
+
+%body (p: (s32[], bf16[1,256,64])) -> (s32[], bf16[1,256,64]) {
+  %p = (s32[], bf16[1,256,64]) parameter(0)
+  %x = bf16[1,256,64]{2,1,0} get-tuple-element(%p), index=1
+  %f0 = bf16[1,4096,64]{2,1,0} fusion(%x), kind=kCustom, calls=%start
+  %w = (s32[], bf16[1,256,64]) while(%p), condition=%inner_cond, body=%inner
+  %f2 = bf16[1,4096,64]{2,1,0} fusion(%x), kind=kCustom, calls=%done
+  ROOT %t = (s32[], bf16[1,256,64]) tuple(%i, %x)
+}
+
+%cond (p: (s32[], bf16[1,256,64])) -> pred[] {
+  %p = (s32[], bf16[1,256,64]) parameter(0)
+  %c = s32[] constant(36)
+  ROOT %lt = pred[] compare(%i, %c), direction=LT
+}
+
+ENTRY %main (a: bf16[1,256,64]) -> bf16[1,4096,64] {
+  %a = bf16[1,256,64]{2,1,0} parameter(0)
+  %w = (s32[], bf16[1,256,64]) while(%t0), condition=%cond, body=%body
+  %r = bf16[1,4096,64]{2,1,0} all-gather(%a), channel_id=9, dimensions={1}
+  ROOT %r2 = bf16[1,4096,64]{2,1,0} all-gather(%a), dimensions={1}
+}
+"""
+
+
+def test_an_async_collective_split_over_fusions_counts_once():
+    """The TPU compiler writes one async all-gather as a start fusion, continuation fusions (here
+    inside an inner loop, overlapped with its compute) and a done fusion, each holding the op with
+    the same channel_id. A real Qwen3-8B train step counted its weight gathers 3-32 times over
+    before. Channels 7 and 8 run once per layer (36), 9 and the op without a channel once."""
+    gathered = 4096 * 64 * 2
+    assert hlo_stats.collective_bytes(ASYNC_HLO)["all-gather"] == 36 * 2 * gathered + 2 * gathered
+
+
 def test_matmul_flops_count_every_executed_dot():
     """A dot in a 3-trip scan counts 3 times, batch dimensions included."""
     import jax
