@@ -65,6 +65,6 @@ def get_config() -> ml_collections.ConfigDict:
         max_grad_norm=1.0))
 
     c.eval = ml_collections.ConfigDict(dict(num_questions=80, n=1, max_turns=6, greedy=True, refinement=False,
-                                            rrm_items=40))
+                                            selective_below=0.5, rrm_items=40))
     c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
     return c

@@ -60,6 +60,7 @@ def get_config() -> ml_collections.ConfigDict:
         policy_loss="vanilla", fused_head=True, eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo",
         loss_agg_mode="token-mean", micro_batches=4, mini_batches=1, old_logprobs="rollout",
         drop_equal_reward_groups=True, mask_overlong=True, max_grad_norm=1.0))
-    c.eval = ml_collections.ConfigDict(dict(num_questions=40, rrm_items=40, n=1, max_turns=3, greedy=True, refinement=False))
+    c.eval = ml_collections.ConfigDict(dict(num_questions=40, rrm_items=40, n=1, max_turns=3, greedy=True,
+                                            refinement=False, selective_below=0.5))
     c.checkpoint = ml_collections.ConfigDict(dict(every=20, keep=1))
     return c

@@ -200,6 +200,7 @@ def run(config, workdir: str) -> dict:
     eval_loop = AgentLoop(engine, ctx.tokenizer, registry,
                           AgentConfig(**{**agent_cfg.__dict__, "max_turns": config.eval.max_turns}), tool_names)
     rows, question_scores, policy_trajs = [], {}, {}  # per policy: per-question scores, its trajectories
+    extra_comparisons = []  # paired comparisons beyond consecutive policies (selective Reagent-C)
     try:
         def evaluate(name):
             if not heldout:
@@ -247,11 +248,11 @@ def run(config, workdir: str) -> dict:
             judge = judge or make_judge(ctx)
             ref = evaluate_refinement(eval_loop, judge, heldout, greedy=config.eval.greedy, seed=config.seed,
                                       refine_below=config.rrm.refine_below)
-            rows.append({"policy": "attempt 1 (Reagent-C)", "held-out accuracy": ref["attempt1_accuracy"]})
-            rows.append({"policy": "attempt 2 (critique)", "held-out accuracy": ref["attempt2_accuracy"],
-                         "refined": ref["refined_frac"]})
-            question_scores.update({"attempt 1 (Reagent-C)": ref["attempt1_scores"],
-                                    "attempt 2 (critique)": ref["attempt2_scores"]})
+            ref_rows, ref_scores, extra_comparisons = agent_rrm.refinement_report(
+                ref, heldout, workdir, refine_below=config.rrm.refine_below,
+                selective_below=config.eval.get("selective_below", 0.5), seed=config.seed)
+            rows += ref_rows
+            question_scores.update(ref_scores)
         rrm_quality = {}
         if any(s.startswith("rrm_") for s in stages) and heldout:  # the trained RRM on held-out trajectories
             rrm = judge if config.rrm.judge == "local" and judge is not None else local_judge(ctx)
@@ -266,7 +267,7 @@ def run(config, workdir: str) -> dict:
         engine.stop_background()
 
     return write_summary(workdir, rows, stages, time.perf_counter() - t_start, engine=engine.stats(),
-                         comparisons=consecutive_comparisons(question_scores, seed=config.seed),
+                         comparisons=consecutive_comparisons(question_scores, seed=config.seed) + extra_comparisons,
                          kernels=kernels_report(cfg, ctx.mesh),
                          notes=[f"Agent-RRM on {describe_quality(name, q)}" for name, q in rrm_quality.items()],
                          **({"rrm": rrm_quality} if rrm_quality else {}))

@@ -1,4 +1,4 @@
-"""The agent pipeline's Agent-RRM data and its held-out judge evaluation.
+"""The agent pipeline's Agent-RRM data, its held-out judge evaluation and the Reagent-C report.
 
 Training rows: expert and flawed trajectories annotated by a rule annotator that sees the
 reference (the synthetic world's `rrm_annotator`, or `gsm8k_annotator` for rows with a worked
@@ -6,6 +6,8 @@ solution). Evaluation: the trained RRM judges, with no reference, (a) the same k
 trajectories built from the held-out questions and (b) every trajectory the run's policies
 produced in their held-out evaluations; `eval.judge_quality` scores it against the annotator's
 labels. Results go to `rrm_eval.jsonl` (one line per judged trajectory) and summary.json.
+Reagent-C (`refinement_report`): attempt 1 vs attempt 2 after the judge's critique, all attempts
+refined vs only those the judge scored low, per question in `refinement.jsonl`.
 """
 from __future__ import annotations
 
@@ -14,8 +16,11 @@ import logging
 import os
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from reagent_jax import worlds
 from reagent_jax.eval.judge_quality import describe_quality, judge_quality
+from reagent_jax.eval.statistics import paired_bootstrap
 from reagent_jax.parallel import hosts
 from reagent_jax.rewards import score_trajectory
 from reagent_jax.rrm.base import JudgeRequest
@@ -24,6 +29,8 @@ from reagent_jax.worlds import gsm8k_annotator, rrm_annotator
 log = logging.getLogger(__name__)
 
 EVAL_NAME = "rrm_eval.jsonl"
+REFINEMENT_NAME = "refinement.jsonl"
+ATTEMPT1, ATTEMPT2 = "attempt 1 (Reagent-C)", "attempt 2 (critique)"
 
 
 def rrm_records(ctx, registry, system_prompt: str, records: Sequence[dict], *, split: str = "train",
@@ -74,3 +81,32 @@ def evaluate_rrm(judge, annotated: Sequence[dict], policy_trajectories: Mapping[
         with open(os.path.join(workdir, EVAL_NAME), "w") as f:
             f.writelines(json.dumps(line) + "\n" for line in lines)
     return out
+
+
+def refinement_report(ref: dict, records: Sequence[dict], workdir: str, *, refine_below: float,
+                      selective_below: float, seed: int = 0) -> tuple[list[dict], dict[str, list], list[dict]]:
+    """Reagent-C's held-out result (`strategies.evaluate_refinement`) as (table rows, per-question
+    scores of attempt 1 then attempt 2 for the paired comparisons, extra comparisons).
+
+    When every attempt was refined (`refine_below` >= 1), selective refinement is read off the
+    same attempts: attempt 2 where the judge scored attempt 1 below `selective_below`, attempt 1
+    elsewhere (greedy attempts do not depend on which others are refined), compared with attempt 1
+    by its own paired interval. `refinement.jsonl`: one line per question."""
+    s1, s2 = np.asarray(ref["attempt1_scores"], float), np.asarray(ref["attempt2_scores"], float)
+    judged = np.asarray([j.score for j in ref["judgements"]], float)  # [questions] the judge's score of attempt 1
+    rows = [{"policy": ATTEMPT1, "held-out accuracy": float(s1.mean())},
+            {"policy": ATTEMPT2, "held-out accuracy": float(s2.mean()), "refined": ref["refined_frac"]}]
+    comparisons = []
+    if refine_below >= 1.0 and selective_below < 1.0:
+        name = f"attempt 2 where RRM score < {selective_below:g}"
+        low = judged < selective_below
+        selective = np.where(low, s2, s1)
+        rows.append({"policy": name, "held-out accuracy": float(selective.mean()), "refined": float(low.mean())})
+        comparisons.append({"before": ATTEMPT1, "after": name,
+                            **paired_bootstrap(s1, selective, seed=seed).to_dict()})
+    if hosts.is_leader():
+        with open(os.path.join(workdir, REFINEMENT_NAME), "w") as f:
+            for r, a, b, j in zip(records, s1, s2, ref["judgements"]):
+                f.write(json.dumps({"id": r.get("id"), "question": r["question"], "attempt1": float(a),
+                                    "rrm_score": j.score, "critique": j.critique, "attempt2": float(b)}) + "\n")
+    return rows, {ATTEMPT1: s1.tolist(), ATTEMPT2: s2.tolist()}, comparisons

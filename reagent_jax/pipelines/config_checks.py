@@ -163,6 +163,8 @@ def _agent(p: _Problems, workdir: Optional[str], check_paths: bool) -> None:
     p.at_least("eval.max_turns", 1)
     p.at_least("eval.num_questions", 0)
     p.at_least("eval.rrm_items", 0)
+    p.at_least("eval.selective_below", 0)
+    p.in_range("eval.selective_below", 0, 1)
     p.at_least("eval.n", 1)
     world = p.get("world", None)
     if world is None:

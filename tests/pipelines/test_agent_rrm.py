@@ -54,3 +54,7 @@ def test_rrm_sft_on_worked_solutions_then_judge_quality_on_held_out(tmp_path, ca
     pairs = {(d["before"], d["after"]): d for d in summary["comparisons"]}
     refined = pairs[("attempt 1 (Reagent-C)", "attempt 2 (critique)")]  # paired over the same 3 questions
     assert refined["n"] == 3 and refined["lo"] <= refined["estimate"] <= refined["hi"]
+    selective = pairs[("attempt 1 (Reagent-C)", "attempt 2 where RRM score < 0.5")]  # read off the same attempts
+    assert selective["n"] == 3
+    lines = [json.loads(line) for line in open(workdir / "refinement.jsonl")]
+    assert [line["id"] for line in lines] == [r["id"] for r in records.values()]

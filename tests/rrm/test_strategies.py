@@ -1,5 +1,8 @@
 """Reagent-R / -U / -C on the synthetic world with scripted policies and the rule judge:
 group construction, masks token by token, rewards, and the RRM GRPO reward."""
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 
@@ -83,6 +86,37 @@ def test_reagent_c_reports_both_attempts(setup):
     assert out["attempt1_scores"] == [0.0] * 4 and out["attempt2_scores"] == [1.0] * 4
     none = strategies.evaluate_refinement(loop, RuleJudge(), world.records("train")[:4], refine_below=0.0)
     assert none["refined_frac"] == 0.0 and none["attempt2_scores"] == none["attempt1_scores"]  # selective: no retry
+
+
+class _AlternatingJudge(RuleJudge):
+    """The rule judge's critiques with scores 0.2, 0.8, 0.2, ... so that a threshold splits them."""
+
+    def judge_many(self, *args, **kwargs):
+        out = super().judge_many(*args, **kwargs)
+        return [dataclasses.replace(j, score=0.2 if i % 2 == 0 else 0.8) for i, j in enumerate(out)]
+
+
+def test_selective_refinement_read_off_all_refined_attempts_equals_a_selective_run(setup, tmp_path):
+    """The pipeline reports selective Reagent-C from the all-refined run (`refinement_report`): it
+    must equal running selective refinement itself, and its paired interval must be the bootstrap's."""
+    from reagent_jax.eval.statistics import paired_bootstrap
+    from reagent_jax.pipelines.agent_rrm import ATTEMPT1, ATTEMPT2, refinement_report
+    world, tok, loop = setup
+    records = world.records("train")[:4]
+    everything = strategies.evaluate_refinement(loop, _AlternatingJudge(), records)
+    selective = strategies.evaluate_refinement(loop, _AlternatingJudge(), records, refine_below=0.5)
+    rows, scores, extra = refinement_report(everything, records, str(tmp_path), refine_below=1.0,
+                                            selective_below=0.5, seed=3)
+    assert [r["policy"] for r in rows] == [ATTEMPT1, ATTEMPT2, "attempt 2 where RRM score < 0.5"]
+    assert rows[2]["held-out accuracy"] == selective["attempt2_accuracy"] == 0.5 and rows[2]["refined"] == 0.5
+    assert scores == {ATTEMPT1: [0.0] * 4, ATTEMPT2: [1.0] * 4}
+    want = paired_bootstrap(everything["attempt1_scores"], selective["attempt2_scores"], seed=3).to_dict()
+    assert extra == [{"before": ATTEMPT1, "after": rows[2]["policy"], **want}]
+    lines = [json.loads(line) for line in open(tmp_path / "refinement.jsonl")]
+    assert [(line["attempt1"], line["rrm_score"], line["attempt2"]) for line in lines] == [
+        (0.0, 0.2, 1.0), (0.0, 0.8, 1.0)] * 2 and all(line["critique"] for line in lines)
+    rows, _, extra = refinement_report(selective, records, str(tmp_path), refine_below=0.5, selective_below=0.5)
+    assert len(rows) == 2 and extra == []  # already selective: nothing to read off
 
 
 @pytest.mark.parametrize("text,target,want", [
