@@ -4,8 +4,8 @@ At pod scale (Reagent-RL-709K, RRM-RL-90K) every host parsing and indexing whole
 the bottleneck; an ArrayRecord dataset is random-access on disk, so a host reads only the records
 its sampler asks for and memory does not grow with the dataset. No TensorFlow is needed, to build
 or to read: `TfdsSource` reads the shards listed in the dataset's metadata with a thread-local
-`ArrayRecordReader` per shard (`seek` + `read`; the reader's parallel `read([i])` costs far more
-in thread dispatch) and decodes one JSON feature of the tf.Example.
+`ArrayRecordReader` per shard (one range `read(i, i + 1)`; the reader's parallel `read([i])`
+costs far more in thread dispatch) and decodes one JSON feature of the tf.Example.
 
 Each schema has one builder (`reagent_agent_rl`, `reagent_agent_sft`, ...); the dataset a user
 builds is a config of it, named by them (`reagent_agent_rl/gsm8k`). Rows are validated by
@@ -169,14 +169,18 @@ def _recompress(path: str, chunk: int = 4096) -> None:
     reader = array_record_module.ArrayRecordReader(path)
     tmp = path + ".recompress"
     writer = array_record_module.ArrayRecordWriter(tmp, f"group_size:1,{COMPRESSION}")
+    written = False
     try:
         n = reader.num_records()
         for begin in range(0, n, chunk):
             for record in reader.read(begin, min(begin + chunk, n)):
                 writer.write(record)
+        written = True
     finally:
         writer.close()
         reader.close()
+        if not written:
+            os.remove(tmp)  # the zstd shard stays as TFDS wrote it
     os.replace(tmp, path)
 
 
@@ -234,7 +238,7 @@ class TfdsSource:
         self._files = [os.fspath(p) for p in split_info.filepaths]
         self._starts = [0, *itertools.accumulate(split_info.shard_lengths)]  # record i is in file bisect(i)
         self._len = self._starts[-1]
-        self._local = threading.local()  # one reader per (thread, file): seek + read is not thread-safe
+        self._local = threading.local()  # one reader per (thread, file): a reader is not thread-safe
         self.spec = spec
 
     def __getstate__(self) -> dict:  # Grain worker processes pickle the source; readers reopen there
