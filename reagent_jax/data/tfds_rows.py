@@ -2,7 +2,8 @@
 
 At pod scale (Reagent-RL-709K, RRM-RL-90K) every host parsing and indexing whole JSONL files is
 the bottleneck; an ArrayRecord dataset is random-access on disk, so a host reads only the records
-its sampler asks for and memory does not grow with the dataset. No TensorFlow is needed, to build
+its sampler asks for and holds only the reader's chunk index (~8 bytes a record, against ~48 for
+JSONL's line index). No TensorFlow is needed, to build
 or to read: `TfdsSource` reads the shards listed in the dataset's metadata with a thread-local
 `ArrayRecordReader` per shard (one range `read(i, i + 1)`; the reader's parallel `read([i])`
 costs far more in thread dispatch) and decodes one JSON feature of the tf.Example.
