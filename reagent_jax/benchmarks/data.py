@@ -18,8 +18,7 @@ import numpy as np
 import psutil
 
 from reagent_jax.data.loader import make_loader
-from reagent_jax.data.sources import JsonlSource
-from reagent_jax.data.tfds_rows import TfdsSource, build_dataset
+from reagent_jax.data.tfds_rows import build_dataset, open_rows
 
 
 def _rss() -> int:
@@ -42,7 +41,7 @@ def _loader_rate(source, reads: int, seed: int, worker_count: int) -> int:
 
 
 def _open(name: str, path: str, spec: str, data_dir: str):
-    return JsonlSource(path, "agent_rl") if name == "jsonl" else TfdsSource(spec, data_dir=data_dir)
+    return open_rows(path if name == "jsonl" else spec, "agent_rl", data_dir=data_dir)
 
 
 def _rss_growth(name: str, path: str, spec: str, data_dir: str, order: np.ndarray) -> int:

@@ -75,12 +75,9 @@ def load_benchmark(path: str | os.PathLike, *, limit: Optional[int] = None,
     Raises ValueError when two rows share an `id` (results are keyed by id).
     """
     path = resolve_benchmark(path, data_dir)
-    if tfds_rows.is_tfds_spec(path):
-        source = tfds_rows.TfdsSource(path, BENCHMARK, data_dir=data_dir)
-        broken = [(path, "build", "broken row skipped when the dataset was built")] * source.skipped_rows
-    else:
-        source = JsonlSource(path, BENCHMARK)
-        broken = source.skipped
+    source = tfds_rows.open_rows(path, BENCHMARK, data_dir=data_dir)
+    broken = (source.skipped if isinstance(source, JsonlSource) else
+              [(path, "build", "broken row skipped when the dataset was built")] * source.skipped_rows)
     if skipped is not None:
         skipped.extend(broken)
     try:

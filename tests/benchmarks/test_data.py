@@ -14,4 +14,4 @@ def test_data_benchmark_reports_every_source_and_loader_setting():
         assert row["records_per_s"] == pytest.approx(2000 / row["read_s"], rel=0.05)  # read_s is rounded
         assert row["open_plus_read_s"] == pytest.approx(row["open_s"] + row["read_s"], abs=2e-3)
         assert row["loader_records_per_s_0_workers"] > 0 and row["loader_records_per_s_1_workers"] > 0
-        assert isinstance(row["rss_growth_mb"], float)  # measured in a fresh process
+        assert -1.0 <= row["rss_growth_mb"] < 100  # a fresh process: not the builder's freed memory (was -90)
