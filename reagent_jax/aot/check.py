@@ -157,6 +157,13 @@ def format_table(report: dict) -> str:
     mixed = [f"- {p['name']}: slots of {p['mixed_lengths']['lengths']} tokens read "
              f"{p['mixed_lengths']['read_bytes'] / 1e9:.2f} GB per step on the busiest chip, "
              f"{p['mixed_lengths']['vs_min']:.2f}x the minimum ({p['mixed_lengths']['min_bytes'] / 1e9:.2f} GB: "
-             "weights + live KV)" for p in report["programs"] if p.get("mixed_lengths")]
+             "weights + live KV)" + _pool_fit(p["mixed_lengths"]) for p in report["programs"] if p.get("mixed_lengths")]
     errors = [f"- {p['name']}: {p['error']}" for p in report["programs"] if p["error"]]
     return "\n".join(lines + ([""] + mixed if mixed else []) + ([""] + errors if errors else []))
+
+
+def _pool_fit(mixed: dict) -> str:
+    if "fits" not in mixed:
+        return ""
+    return "; their pages fit the paged pool" if mixed["fits"] else \
+        "; their pages do NOT fit the paged pool (raise rollout.kv_pages)"

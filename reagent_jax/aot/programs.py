@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -103,11 +103,15 @@ def _train_state(cfg, mesh: Mesh, optimizer) -> ts.TrainState:
     return _abstract(shapes, shardings)
 
 
-def _cache(cfg, mesh: Mesh, num_slots: int, max_len: int):
+def _cache(cfg, mesh: Mesh, num_slots: int, max_len: int, paging: tuple[int, int] = (0, 0)):
     """This process's engine's (k, v) KV cache (its share of the run's `num_slots`), on the
-    engine's mesh."""
+    engine's mesh: one max_len row per slot, or with paging = (page size, pages of the run;
+    0 = the contiguous size) a pool of pages (`kernels.kv_pages`)."""
     emesh = _engine_mesh(mesh, cfg)
-    shape = kernels.cache_shape(cfg, slots_per_process(num_slots, mesh), max_len, emesh)
+    n = slots_per_process(num_slots, mesh)
+    page, pages = paging
+    rows, length = (n, max_len) if not page else ((pages or num_slots * max_len // page) * n // num_slots, page)
+    shape = kernels.cache_shape(cfg, rows, length, emesh)
     one = jax.ShapeDtypeStruct(shape, jnp.dtype(cfg.compute_dtype),
                                sharding=named_sharding(emesh, kv_layout.cache_axes(emesh), shape, ENGINE_RULES))
     return one, one
@@ -150,8 +154,8 @@ def model_config(config) -> models.Qwen3Config:
 
 # ---- programs -----------------------------------------------------------------------------------------
 
-def _resident_engine(cfg, mesh, num_slots: int, max_len: int) -> float:
-    return per_chip_bytes(_cache(cfg, mesh, num_slots, max_len))
+def _resident_engine(cfg, mesh, num_slots: int, max_len: int, paging: tuple[int, int] = (0, 0)) -> float:
+    return per_chip_bytes(_cache(cfg, mesh, num_slots, max_len, paging))
 
 
 def _logprob_gather_bytes(cfg, rows: int, length: int, passes: int) -> float:
@@ -214,16 +218,20 @@ def _tp_link_bytes(cfg, emesh: Mesh, tokens_per_chip: float) -> float:
     return 2 * 2 * cfg.num_layers * tokens_per_chip * cfg.hidden_size * jnp.dtype(cfg.compute_dtype).itemsize
 
 
+def _block_table(emesh: Mesh, num_slots: int, max_len: int, page: int) -> Optional[jax.ShapeDtypeStruct]:
+    return _replicated(emesh, (num_slots, max_len // page), jnp.int32) if page else None
+
+
 def prefill_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, chunk: int,
-                    resident: dict[str, float]) -> Program:
+                    resident: dict[str, float], paging: tuple[int, int] = (0, 0)) -> Program:
     emesh = _engine_mesh(mesh, cfg)
-    params, cache = _engine_params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len)
+    params, cache = _engine_params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len, paging)
     rows = min(ENGINE_PREFILL_ROWS, slots_per_process(num_slots, mesh))
     r = lambda dtype, *shape: _replicated(emesh, shape, dtype)
     args = (params, cache, r(jnp.int32, rows, chunk), r(jnp.int32, rows), r(jnp.int32, rows), r(jnp.int32, rows),
-            _sampling(emesh, rows))
-    fn = jax.jit(lambda p, c, t, w, s, l, smp: kernels.prefill(cfg, p, c, t, w, s, l, smp, window=max_len,
-                                                               truncation=True, mesh=emesh, rules=ENGINE_RULES),
+            _sampling(emesh, rows), _block_table(emesh, slots_per_process(num_slots, mesh), max_len, paging[0]))
+    fn = jax.jit(lambda p, c, t, w, s, l, smp, pg: kernels.prefill(cfg, p, c, t, w, s, l, smp, pg, window=max_len,
+                                                                   truncation=True, mesh=emesh, rules=ENGINE_RULES),
                  donate_argnums=(1,))
     hosts = mesh.size // emesh.size  # each host's engine runs this program on its own chips
     flops = hosts * rows * (chunk * (dense_flops_per_token(cfg) + attention_flops_per_token(cfg, max_len)) +
@@ -238,48 +246,56 @@ def prefill_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, ch
 
 
 def decode_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, steps: int,
-                   resident: dict[str, float]) -> Program:
+                   resident: dict[str, float], paging: tuple[int, int] = (0, 0)) -> Program:
     emesh = _engine_mesh(mesh, cfg)
-    params, cache = _engine_params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len)
+    params, cache = _engine_params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len, paging)
     r = lambda dtype, *shape: _replicated(emesh, shape, dtype)
     n = slots_per_process(num_slots, mesh)
     state = kernels.DecodeState(r(jnp.int32, n), r(jnp.int32, n), r(jnp.bool_, n), r(jnp.int32, n),
                                 _sampling(emesh, n), r(jnp.int32, n, ENGINE_STOP_IDS), r(jnp.bool_))
-    fn = jax.jit(lambda p, c, s: kernels.decode(cfg, p, c, s, num_steps=steps, window=max_len, truncation=True,
-                                                mesh=emesh, rules=ENGINE_RULES), donate_argnums=(1,))
+    fn = jax.jit(lambda p, c, s, pg: kernels.decode(cfg, p, c, s, pg, num_steps=steps, window=max_len, truncation=True,
+                                                    mesh=emesh, rules=ENGINE_RULES), donate_argnums=(1,))
     flops = steps * num_slots * (dense_flops_per_token(cfg) + attention_flops_per_token(cfg, max_len) + projection_flops(cfg))
     weights, kv = per_chip_bytes(params), per_chip_bytes(cache)
     link = steps * _tp_link_bytes(cfg, emesh, n / emesh.shape["data"])
     kernel = attention.choose_decode(cfg.attention, emesh)
-    return Program(name, fn, (params, cache, state), {}, flops, steps * (weights + kv), link, resident,
+    table = _block_table(emesh, n, max_len, paging[0])
+    paged = "" if not paging[0] else f"; paged KV: {cache[0].shape[1]} pages x {paging[0]}"
+    return Program(name, fn, (params, cache, state, table), {}, flops, steps * (weights + kv), link, resident,
                    notes=f"{steps} fused steps x {n} slots{_of_total(n, num_slots)}, window {max_len} (every slot full "
-                         f"length); engine mesh {_mesh_str(emesh)}; decode attention {kernel}", weight_bytes=weights,
-                   large_copy_bytes=min(64 * 1024 ** 2, per_chip_bytes(cache[0])),
-                   mixed_lengths=mixed_length_step_bytes(cfg, emesh, n, max_len, weights, kernel))
+                         f"length){paged}; engine mesh {_mesh_str(emesh)}; decode attention {kernel}",
+                   weight_bytes=weights, large_copy_bytes=min(64 * 1024 ** 2, per_chip_bytes(cache[0])),
+                   mixed_lengths=mixed_length_step_bytes(cfg, emesh, n, max_len, weights, kernel, paging[0], kv))
 
 
 def mixed_length_step_bytes(cfg, emesh: Mesh, num_slots: int, max_len: int, weights: float, kernel: str,
-                            seed: int = 0) -> dict:
+                            page: int = 0, pool_bytes: float = 0.0, seed: int = 0) -> dict:
     """HBM bytes one decode step reads on the busiest chip for a population of slots whose
     lengths spread evenly over [max_len / 16, max_len) (shuffled over the slots), against the
     minimum (a weight shard + the live KV of the chip holding the most). xla attention reads every slot up
     to the window that holds the longest; the ragged kernel reads each slot's blocks up to its
-    own length."""
+    own length (a paged pool's blocks are its pages). With a paged pool (`page` > 0, K and V
+    taking `pool_bytes` per chip), `fits` says whether the population's pages fit every chip's
+    pool."""
     rng = np.random.default_rng(seed)
     lengths = rng.permutation(np.linspace(max_len // 16, max_len - 1, num_slots).astype(np.int64))
     data, tensor = emesh.shape["data"], emesh.shape["tensor"]
     per_position = 2 * cfg.num_layers * (cfg.num_kv_heads // tensor) * cfg.head_dim * jnp.dtype(cfg.compute_dtype).itemsize
     if kernel == "ragged":
-        block = ragged_decode.decode_block(max_len, cfg.num_kv_heads // tensor, cfg.head_dim,
-                                               jnp.dtype(cfg.compute_dtype).itemsize)
+        block = page or ragged_decode.decode_block(max_len, cfg.num_kv_heads // tensor, cfg.head_dim,
+                                                   jnp.dtype(cfg.compute_dtype).itemsize)
         read = np.maximum(-(-lengths // block), 1) * block
     else:
         read = np.full_like(lengths, kernels.bucket(int(lengths.max()) + 1, kernels.geometric_buckets(256, max_len, 4)))
     shards = np.array_split(np.arange(num_slots), data)  # slots over data, in order (the cache's sharding)
     read_bytes = weights + max(float(read[idx].sum()) for idx in shards) * per_position  # the slowest chip
     min_bytes = weights + max(float(lengths[idx].sum()) for idx in shards) * per_position
-    return {"lengths": f"{int(lengths.min())}-{int(lengths.max())}", "read_bytes": read_bytes, "min_bytes": min_bytes,
-            "vs_min": read_bytes / min_bytes}
+    out = {"lengths": f"{int(lengths.min())}-{int(lengths.max())}", "read_bytes": read_bytes, "min_bytes": min_bytes,
+           "vs_min": read_bytes / min_bytes}
+    if page:
+        pool = pool_bytes / (page * per_position)  # pages in a chip's pool
+        out["fits"] = bool(max(float(np.ceil(lengths[idx] / page).sum()) for idx in shards) <= pool)
+    return out
 
 
 def _of_total(local: int, total: int) -> str:
@@ -327,10 +343,14 @@ def _opt_state_bytes(cfg, mesh, block) -> dict[str, float]:
     return {"optimizer state": per_chip_bytes(_train_state(cfg, mesh, ts.make_optimizer(_opt(block))).opt_state)}
 
 
-def _engine_programs(prefix, cfg, mesh, r, max_len, resident) -> list[Program]:
+def _paging(r) -> tuple[int, int]:
+    return int(r.kv_page_size), int(r.kv_pages)
+
+
+def _engine_programs(prefix, cfg, mesh, r, max_len, resident, paging: tuple[int, int] = (0, 0)) -> list[Program]:
     return [prefill_program(f"{prefix}/prefill", cfg, mesh, r.num_slots, max_len, min(r.prefill_chunk, max_len),
-                            resident),
-            decode_program(f"{prefix}/decode", cfg, mesh, r.num_slots, max_len, r.decode_steps, resident)]
+                            resident, paging),
+            decode_program(f"{prefix}/decode", cfg, mesh, r.num_slots, max_len, r.decode_steps, resident, paging)]
 
 
 def _engine_weights(cfg, mesh: Mesh) -> float:
@@ -345,7 +365,7 @@ def agent_programs(config, cfg, mesh: Mesh) -> list[Program]:
     stages = [s.strip() for s in config.stages.split(",") if s.strip()]
     blocks = typed_blocks(config)
     r = blocks["rollout"]
-    engine = {"engine KV cache": _resident_engine(cfg, mesh, r.num_slots, r.max_len)}
+    engine = {"engine KV cache": _resident_engine(cfg, mesh, r.num_slots, r.max_len, _paging(r))}
     engine_weights = {"engine weights": _engine_weights(cfg, mesh)}
     out: list[Program] = []
     if any(s.startswith("rrm_") for s in stages):
@@ -369,7 +389,7 @@ def agent_programs(config, cfg, mesh: Mesh) -> list[Program]:
         out += _grpo_programs(config, blocks, "grpo", cfg, mesh, r.max_len, judge_resident, engine)
     policy_state = {"trainer params": per_chip_bytes(_params(cfg, mesh)),
                     **_opt_state_bytes(cfg, mesh, blocks["grpo"] if "grpo" in stages else blocks["sft"])}
-    out += _engine_programs("rollout", cfg, mesh, r, r.max_len, {**policy_state, **judge_resident})
+    out += _engine_programs("rollout", cfg, mesh, r, r.max_len, {**policy_state, **judge_resident}, _paging(r))
     if judge_resident:
         out += _engine_programs("judge", cfg, mesh, r, int(config.rrm.max_len),
                                 {**policy_state, **engine, **engine_weights})
@@ -380,7 +400,7 @@ def evalplanner_programs(config, cfg, mesh: Mesh) -> list[Program]:
     stages = [s.strip() for s in config.stages.split(",") if s.strip()]
     blocks = typed_blocks(config)
     r = blocks["rollout"]
-    engine = {"engine KV cache": _resident_engine(cfg, mesh, r.num_slots, r.max_len),
+    engine = {"engine KV cache": _resident_engine(cfg, mesh, r.num_slots, r.max_len, _paging(r)),
               "engine weights": _engine_weights(cfg, mesh)}
     out: list[Program] = []
     for stage, block in (("judge_seed", blocks.get("seed_judge")), ("judge_sft", blocks["sft"])):
@@ -396,7 +416,7 @@ def evalplanner_programs(config, cfg, mesh: Mesh) -> list[Program]:
         out.append(logprob_program("judge_dpo/ref_logprobs", cfg, mesh, 2 * d.batch_size, d.max_len,
                                    {**engine, **_opt_state_bytes(cfg, mesh, d)}))
     out += _engine_programs("rollout", cfg, mesh, r, r.max_len, {"trainer params": per_chip_bytes(_params(cfg, mesh)),
-                                                                 **_opt_state_bytes(cfg, mesh, blocks["sft"])})
+                                                                 **_opt_state_bytes(cfg, mesh, blocks["sft"])}, _paging(r))
     return out
 
 

@@ -9,6 +9,7 @@ backend branches of their own.
   xla_attention.py  attention through XLA, every backend
   blocks.py         running an accelerator attention kernel on each device's block (shard_map)
   kv_layout.py      the KV cache's axis order per backend and how new K/V are written into it
+  kv_pages.py       a paged KV cache: a pool of pages, block tables, windows gathered from it
   tpu/              Pallas: splash attention, ragged decode attention
   gpu/              cuDNN flash attention (training and scoring)
   cpu/              C++ custom calls: OpenBLAS GEMM, the decode projection, the fused decode layers

@@ -14,7 +14,7 @@ One-token decode over the KV cache, by `choose_decode`:
   xla     every slot attends over the whole cache window (a static bucket set by the longest
           live slot), masked past its length: bytes per step = slots x window
   ragged  TPU (`auto` on a TPU mesh): `tpu.ragged_decode` reads each slot's cache only up to
-          its own length: bytes per step = the live KV
+          its own length: bytes per step = the live KV; from a paged pool (`kv_pages`) too
 
 Prefill (several new tokens over the cache) keeps XLA attention.
 """
@@ -82,6 +82,7 @@ class LayerCache(NamedTuple):
     k: jax.Array
     v: jax.Array
     layer: jax.Array  # int32 []
+    pages: Optional[jax.Array] = None  # a paged pool's block table [N, S / page] (`kv_pages`)
 
 
 def causal_attention(impl: str, qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
@@ -103,6 +104,10 @@ def cached_attention(impl: str, qg: jax.Array, k: jax.Array, v: jax.Array, mask:
     layer of the cache plus themselves (`xla_attention.cached_attention`); one-token decode of
     every slot on TPU by the ragged kernel (`choose_decode`)."""
     if qg.shape[1] == 1 and slot_ids is None and choose_decode(impl, mesh) == "ragged":
-        return ragged_decode.ragged_decode(qg, cache.k, cache.v, cache.layer, k, v, write_index, scale, mesh, rules)
+        return ragged_decode.ragged_decode(qg, cache.k, cache.v, cache.layer, k, v, write_index, scale, mesh, rules,
+                                           pages=cache.pages)
+    if cache.pages is not None:
+        raise ValueError("a paged KV pool is read in place only by the ragged decode kernel; XLA attention reads "
+                         "a window gathered from it (`kernels.kv_pages.gather`)")
     return xla_attention.cached_attention(qg, k, v, mask, cache.k, cache.v, cache.layer, write_index, slot_ids, scale,
                                           dtype, mesh)

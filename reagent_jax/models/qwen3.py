@@ -10,7 +10,8 @@ layout is the same), remat policies, logical axis names on every parameter (via
 One code path serves training and sampling: with `cache=(k, v)` (each [L, B, K, S, D] on CPU,
 [L, B, S, K, D] on accelerators: `kernels.kv_layout`) the new tokens' keys/values are scattered
 into the cache at `cache_index[b] + t` and attention runs over the cache, causally by absolute
-position. Rows of a batch may hold different lengths. How each matmul, attention and projection
+position. Rows of a batch may hold different lengths. A paged pool with its block table,
+`cache=(k, v, pages)` (`kernels.kv_pages`), takes one new token per slot (decode). How each matmul, attention and projection
 runs on the mesh's devices is the kernel seam's choice (`reagent_jax.kernels`), not this module's.
 
 Einsum letters: b batch, t time, e embed, h q heads, k kv heads, d head dim, f mlp, v vocab.
@@ -24,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from reagent_jax.kernels import attention, kv_layout, logits, matmul
+from reagent_jax.kernels import attention, kv_layout, kv_pages, logits, matmul
 from reagent_jax.kernels.attention import LayerCache
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.rope import rope
@@ -149,9 +150,9 @@ class DecoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x, layer, cache, positions, mask, write_index, slot_ids):
         """x [b,t,e] (the scan carry); layer: this layer's index (scanned); cache: the whole
-        (k, v) KV cache (broadcast) or None. Returns (x, new (k, v) of this call's tokens or None)."""
+        (k, v) KV cache, or a paged one's (k, v, block table) (broadcast), or None. Returns (x, new (k, v) of this call's tokens or None)."""
         c = self.cfg
-        layer_cache = None if cache is None else LayerCache(cache[0], cache[1], layer)
+        layer_cache = None if cache is None else LayerCache(cache[0], cache[1], layer, *cache[2:])
         h = RMSNorm(c.hidden_size, c.rms_norm_eps, c.jnp_param_dtype, name="input_norm")(x)
         a, new_kv = Attention(c, self.mesh, self.rules, name="attn")(h, positions, mask, layer_cache, write_index,
                                                                       slot_ids)
@@ -201,7 +202,11 @@ class Qwen3(nn.Module):
         if cache is not None:  # in-place scatters of the new K/V (the cache is donated)
             rows = jnp.arange(tokens.shape[0]) if slot_ids is None else slot_ids
             t_idx = write_index[:, None] + jnp.arange(tokens.shape[1])[None, :]  # [b, t]; OOB writes drop
-            cache = tuple(kv_layout.write_new(cc, nk, rows, t_idx, self.mesh) for cc, nk in zip(cache, new_kv))
+            if len(cache) == 3:  # a paged pool (one token per slot): the page and offset of each write
+                rows, offset = kv_pages.write_slots(cache[2], write_index, kv_pages.page_size_of(cache[0], self.mesh))
+                t_idx = offset[:, None]
+            cache = tuple(kv_layout.write_new(cc, nk, rows, t_idx, self.mesh)
+                          for cc, nk in zip(cache[:2], new_kv)) + tuple(cache[2:])
         h = self.final_norm(x)
         if return_hidden:
             return h, cache

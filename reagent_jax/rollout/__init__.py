@@ -6,6 +6,10 @@
 
 Logprobs are log softmax(logits / T) over the full vocabulary before top-k / top-p truncation
 (T = 1 for greedy): the trainer's `models.token_logprobs(..., temperature=T)`.
+
+    engine = rollout.Engine(cfg, params, num_slots=64, max_len=4096, kv_page_size=256, kv_pages=512)
+
+pages the KV cache (`pages.py`): 64 slots share a pool the size of 32 full ones.
 """
 from reagent_jax.rollout.config import RolloutConfig
 from reagent_jax.rollout.engine import Engine, EngineError

@@ -31,9 +31,15 @@ class RolloutConfig(Block):
     length_buckets: Buckets = ""
     row_buckets: Buckets = ""
     window_buckets: Buckets = ""
+    kv_page_size: int = 0     # > 0: a paged KV cache of pages this long (`kernels.kv_pages`); 0: contiguous
+    kv_pages: int = 0         # pages in the pool; 0: num_slots x max_len / kv_page_size (the contiguous size)
 
     def problems(self) -> list[Problem]:
-        found = at_least(self, num_slots=1, prefill_chunk=1, decode_steps=1, max_len=2)
+        found = at_least(self, num_slots=1, prefill_chunk=1, decode_steps=1, max_len=2, kv_page_size=0, kv_pages=0)
+        if self.kv_page_size > 0 and self.max_len % self.kv_page_size:
+            found.append(("kv_page_size", f"must divide max_len={self.max_len}"))
+        if self.kv_pages > 0 and self.kv_page_size == 0:
+            found.append(("kv_pages", "needs kv_page_size > 0 (the cache is contiguous without it)"))
         for key in ("length_buckets", "row_buckets", "window_buckets"):
             value = getattr(self, key)
             if isinstance(value, str) and value.strip() and not _INTS.fullmatch(value):
@@ -49,4 +55,6 @@ class RolloutConfig(Block):
         for key in ("length_buckets", "row_buckets", "window_buckets"):
             if parse_buckets(getattr(self, key)):
                 kw[key] = parse_buckets(getattr(self, key))
+        if self.kv_page_size > 0:
+            kw.update(kv_page_size=self.kv_page_size, kv_pages=self.kv_pages or None)
         return kw

@@ -16,12 +16,13 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 
-from reagent_jax.kernels import attention
+from reagent_jax.kernels import attention, kv_pages
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.parallel.rules import Rules
 from reagent_jax.rollout import kernels
 from reagent_jax.rollout.layout import ENGINE_RULES, WeightSync, engine_meshes, slots_per_process
 from reagent_jax.rollout.batches import decode_state, decode_window, needs_truncation, prefill_batch
+from reagent_jax.rollout.pages import PageTable
 from reagent_jax.rollout.session import DECODE, DONE, PAUSED, PREFILL, Result, Session, turn_end
 
 
@@ -40,7 +41,8 @@ class Driver:
                  window_buckets: Optional[Sequence[int]], decode_steps: int, max_stop_ids: int,
                  mesh: Optional[Mesh], rules: Optional[Rules] = None,
                  decode_fn: Optional[Callable[[list[int]], str]] = None, cache_dtype=None,
-                 tensor_parallel: Optional[int] = None, raise_errors: bool = True):
+                 tensor_parallel: Optional[int] = None, raise_errors: bool = True,
+                 kv_page_size: Optional[int] = None, kv_pages: Optional[int] = None):
         self.mesh, spanning = engine_meshes(mesh, cfg, tensor_parallel)  # this process's devices
         self.total_slots = num_slots  # over every process of `mesh`; this engine holds its share
         num_slots = slots_per_process(num_slots, mesh)
@@ -67,6 +69,7 @@ class Driver:
         self._param_shapes = [tuple(x.shape) for x in jax.tree.leaves(params)]
         self._params = self._sync(params)
         self._cache_dtype = cache_dtype
+        self._pages = self._page_table(kv_page_size, kv_pages)
         self._cache = self._new_cache()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -86,8 +89,13 @@ class Driver:
         results of finished single-turn sessions are handed over (not kept for wait())."""
         events: list[Result] = []
         with self._lock:
-            self._admit()
-            rows = self._prefill_q[: self.max_prefill_rows]
+            ready = self._reserve_prefills()
+            if ready == len(self._prefill_q):  # nobody waits for pages: new sessions may take some
+                self._admit()
+                ready = len(self._prefill_q)
+            rows = self._prefill_q[: min(ready, self.max_prefill_rows)]
+            if not ready and self._prefill_q and self._pages_deadlocked():
+                events += self._fail(list(self._prefill_q))
         worked = bool(rows)
         if rows:
             events += self._prefill(rows)
@@ -117,10 +125,55 @@ class Driver:
     def _admit(self) -> None:
         for i in range(self.num_slots):
             if self._slots[i] is None and self._waiting:
+                if self._pages is not None and not self._pages.reserve(i, self._turn_tokens(self._waiting[0])):
+                    continue  # this slot's data shard is short of pages; another shard may have some
                 s = self._waiting.popleft()
                 s.slot, s.state, s.cached = i, PREFILL, 0
                 self._slots[i] = s
                 self._prefill_q.append(s)
+        if self._pages is not None and self._waiting and None in self._slots:
+            self._stats["page_waits"] += 1  # a free slot, but not the pages for the next turn
+
+    # ---- a paged cache (`rollout.pages`) -------------------------------------------------------
+    def _page_table(self, page_size: Optional[int], num_pages: Optional[int]) -> Optional[PageTable]:
+        if page_size is None:
+            if num_pages is not None:
+                raise ValueError("Engine: kv_pages needs kv_page_size (the cache is contiguous without it)")
+            return None
+        bad = [w for w in self.window_buckets if w % page_size]
+        if bad:
+            raise ValueError(f"Engine: kv_page_size={page_size} must divide every attention window bucket; "
+                             f"{bad} are not multiples of it (pass window_buckets= or another page size)")
+        num_pages = self.num_slots * self.max_len // page_size if num_pages is None else num_pages
+        shards = kv_pages.data_shards(self.mesh, self.rules, self.num_slots, num_pages)
+        return PageTable(self.num_slots, self.max_len, page_size, num_pages, shards)
+
+    def _turn_tokens(self, s: Session) -> int:
+        """Positions a turn may fill: its context plus what is left of its budget."""
+        return min(self.max_len, len(s.tokens) + max(0, s.sampling.max_new_tokens - s.drawn))
+
+    def _pages_deadlocked(self) -> bool:
+        """Queued turns wait for pages that only they hold (none decodes, none is paused for its
+        caller to release): none can ever run. Ends them with an error naming the fix."""
+        if self._pages is None or any(s.state in (DECODE, PAUSED) for s in self._sessions.values()):
+            return False
+        self._last_error = (f"KV page pool exhausted: {len(self._prefill_q)} turn(s) wait for pages that only "
+                            f"they hold ({self._pages.free_pages()} of {self._pages.num_pages} free); raise "
+                            "kv_pages (rollout.kv_pages) or lower max_new_tokens")
+        if self.raise_errors:
+            self._call_error = RuntimeError(self._last_error)
+        return True
+
+    def _reserve_prefills(self) -> int:
+        """Reserves the pages of queued prefills in order; how many of them have theirs (all of
+        them without a paged cache)."""
+        if self._pages is None:
+            return len(self._prefill_q)
+        for n, s in enumerate(self._prefill_q):
+            if not self._pages.reserve(s.slot, self._turn_tokens(s)):
+                self._stats["page_waits"] += 1
+                return n
+        return len(self._prefill_q)
 
     def _prefill(self, rows: list[Session]) -> list[Result]:
         with self._lock:
@@ -201,6 +254,8 @@ class Driver:
         self._stats["errors"] += reason == "error"
         if s.multi_turn and reason not in ("error", "cancelled") and not s.release_pending:
             s.state = PAUSED
+            if self._pages is not None:  # the turn's unused budget goes back to the pool
+                self._pages.trim(s.slot, len(s.tokens))
         else:
             s.state = DONE
             self._free(s)
@@ -209,6 +264,8 @@ class Driver:
     def _free(self, s: Session) -> None:
         if s.slot is not None and self._slots[s.slot] is s:
             self._slots[s.slot] = None
+            if self._pages is not None:
+                self._pages.release(s.slot)
         s.slot = None
 
     def _call(self, name: str, fn, **kw):
@@ -223,6 +280,8 @@ class Driver:
                                 "with engine.update_params(params) before generating")
             self._call_error = RuntimeError(self._last_error)
             return None
+        if self._pages is not None:
+            kw["pages"] = self._pages.table.copy()  # the host's table changes while the call runs
         try:
             cache, *outs = fn(self.cfg, self._params, self._cache, mesh=self.mesh, rules=self.rules, **kw)
             outs = [np.asarray(o) for o in outs]
@@ -257,5 +316,7 @@ class Driver:
         return events
 
     def _new_cache(self):
-        cache = kernels.init_cache(self.cfg, self.num_slots, self.max_len, self.mesh, self.rules, self._cache_dtype)
+        rows, length = ((self.num_slots, self.max_len) if self._pages is None
+                        else (self._pages.num_pages, self._pages.page_size))
+        cache = kernels.init_cache(self.cfg, rows, length, self.mesh, self.rules, self._cache_dtype)
         return cache if self.mesh is not None else jax.device_put(cache, SingleDeviceSharding(jax.local_devices()[0]))

@@ -70,6 +70,13 @@ class Engine(Driver):
     or deleted afterwards. rules: the engine's rules table (default `layout.ENGINE_RULES`).
     raise_errors: a failed device call raises `EngineError` to the driving thread (`wait`,
     `step`, `generate`); False (servers) ends only that call's sequences with "error".
+
+    Paged cache (`kernels.kv_pages`, `rollout.pages`): kv_page_size (positions per page; must
+    divide max_len and every window bucket) makes the cache a pool of kv_pages pages (default:
+    num_slots x max_len / kv_page_size, the contiguous cache's size) shared by the slots. A
+    turn reserves the pages of its context + max_new_tokens before it starts and waits when the
+    pool is short, so with a smaller pool or more slots memory follows the live turns, not
+    slots x max_len. None (default): one contiguous max_len row per slot.
     """
 
     def __init__(self, cfg: Qwen3Config, params, *, num_slots: int = 16, max_len: int = 2048,
@@ -78,7 +85,8 @@ class Engine(Driver):
                  window_buckets: Optional[Sequence[int]] = None, decode_steps: int = 8, max_stop_ids: int = 8,
                  mesh: Optional[Mesh] = None, rules: Optional[Rules] = None,
                  decode_fn: Optional[Callable[[list[int]], str]] = None, tokenizer=None, seed: int = 0,
-                 cache_dtype=None, tensor_parallel: Optional[int] = None, raise_errors: bool = True):
+                 cache_dtype=None, tensor_parallel: Optional[int] = None, raise_errors: bool = True,
+                 kv_page_size: Optional[int] = None, kv_pages: Optional[int] = None):
         for name, value, lo in (("num_slots", num_slots, 1), ("max_len", max_len, 2), ("prefill_chunk", prefill_chunk, 1),
                                 ("max_prefill_rows", max_prefill_rows, 1), ("decode_steps", decode_steps, 1),
                                 ("max_stop_ids", max_stop_ids, 1)):
@@ -90,7 +98,8 @@ class Engine(Driver):
                          max_prefill_rows=max_prefill_rows, length_buckets=length_buckets, row_buckets=row_buckets,
                          window_buckets=window_buckets, decode_steps=decode_steps, max_stop_ids=max_stop_ids,
                          mesh=mesh, rules=rules, decode_fn=decode_fn, cache_dtype=cache_dtype,
-                         tensor_parallel=tensor_parallel, raise_errors=raise_errors)
+                         tensor_parallel=tensor_parallel, raise_errors=raise_errors,
+                         kv_page_size=kv_page_size, kv_pages=kv_pages)
         self._background_error: Optional[EngineError] = None
         self._seeds = np.random.default_rng(seed)
         self._ids = itertools.count()
@@ -109,6 +118,7 @@ class Engine(Driver):
         if len(ids) > self.max_len - 1:
             raise ValueError(f"{where}: prompt has {len(ids)} tokens but max_len={self.max_len} leaves room for at "
                              f"most {self.max_len - 1} (one slot position is needed to generate)")
+        self._check_pages(len(ids), sampling, where)
         with self._lock:
             s = Session(next(self._ids), ids, multi_turn)
             s.begin_turn(sampling, self._seed_for(sampling))
@@ -134,6 +144,8 @@ class Engine(Driver):
             if len(s.tokens) + len(ids) > self.max_len - (1 if sampling else 0):
                 raise ValueError(f"{where}: {len(s.tokens)} tokens + {len(ids)} appended exceed max_len={self.max_len}"
                                  + (" minus one position to generate" if sampling else ""))
+            if sampling is not None:
+                self._check_pages(len(s.tokens) + len(ids), sampling, where)
             s.tokens.extend(ids)
             if sampling is not None:
                 s.begin_turn(sampling, self._seed_for(sampling))
@@ -322,7 +334,9 @@ class Engine(Driver):
         decode_tokens (drawn tokens kept), utilisation (= decode_tokens / decode_slot_steps),
         compiles (kernel compilations triggered by this engine), kernel_shapes (the distinct
         shapes this engine ran, e.g. "prefill[4x32,w64]"), seconds spent per kernel, and
-        the current number of waiting / prefilling / decoding / paused sessions and free slots."""
+        the current number of waiting / prefilling / decoding / paused sessions and free slots;
+        with a paged cache also kv_pages, kv_pages_free and page_waits (scheduling rounds in
+        which a queued turn waited for pages)."""
         with self._lock:
             out = dict(self._stats)
             out.update({f"{k}_seconds": v for k, v in self._times.items()})
@@ -330,6 +344,8 @@ class Engine(Driver):
             states = collections.Counter(s.state for s in self._sessions.values())
             out.update({state: states.get(state, 0) for state in (WAITING, PREFILL, DECODE, PAUSED)})
             out["free_slots"] = sum(s is None for s in self._slots)
+            if self._pages is not None:
+                out["kv_pages"], out["kv_pages_free"] = self._pages.num_pages, self._pages.free_pages()
             out["kernel_shapes"] = sorted(self._shapes)
             return out
 
@@ -345,6 +361,16 @@ class Engine(Driver):
         if sampling.stop_strings and self.decode_fn is None:
             raise ValueError(f"{where}: stop_strings need a detokenizer: pass decode_fn= or tokenizer= to Engine")
         return sampling
+
+    def _check_pages(self, context: int, sampling: SamplingParams, where: str) -> None:
+        """A turn that needs more pages than its data shard's whole pool would wait forever."""
+        if self._pages is None:
+            return
+        need = self._pages.pages_for(min(self.max_len, context + sampling.max_new_tokens))
+        if need > self._pages.pages_per_shard:
+            raise ValueError(f"{where}: {context} tokens of context + max_new_tokens={sampling.max_new_tokens} need "
+                             f"{need} KV pages of {self._pages.page_size} positions, but the pool holds "
+                             f"{self._pages.pages_per_shard} per data shard (raise kv_pages or lower max_new_tokens)")
 
     def _check_tokens(self, ids, where: str) -> list[int]:
         arr = np.asarray(ids)

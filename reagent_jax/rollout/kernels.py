@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from reagent_jax.kernels import fused, kv_layout, logits as logits_kernels
+from reagent_jax.kernels import attention, fused, kv_layout, kv_pages, logits as logits_kernels
 from reagent_jax.models.config import Qwen3Config
 from reagent_jax.models.functional import forward_with_cache
 from reagent_jax.models.logprob_head import head_weight_key
@@ -105,8 +105,8 @@ class Sampling(NamedTuple):
 @functools.partial(jax.jit, static_argnames=("cfg", "window", "truncation", "mesh", "rules"),
                    donate_argnames=("cache",))
 def prefill(cfg: Qwen3Config, params, cache, tokens: jax.Array, write_index: jax.Array,
-            slot_ids: jax.Array, last_index: jax.Array, sampling: Sampling, *, window: int,
-            truncation: bool = True, mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES):
+            slot_ids: jax.Array, last_index: jax.Array, sampling: Sampling, pages: Optional[jax.Array] = None, *,
+            window: int, truncation: bool = True, mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES):
     """Writes one chunk per row into the cache and draws the token after each row's last one.
 
     tokens [B, T] (right-padded), write_index [B] (cache index of tokens[:, 0]; padding rows
@@ -115,16 +115,25 @@ def prefill(cfg: Qwen3Config, params, cache, tokens: jax.Array, write_index: jax
     `window`. The B rows' first `window` positions are gathered, extended and scattered back, so
     attention is [B, T, window]. Returns (cache, next_tokens [B], logprobs [B]); logits are
     projected for the last position only: [B, V], never [B, T, V]. truncation=False: no row
-    uses top-k / top-p (see `sampling.sample`).
+    uses top-k / top-p (see `sampling.sample`). pages [N, max_len / page]: the block table of a
+    paged cache (`kernels.kv_pages`; `cache` is then its page pool), None for a contiguous one.
     """
-    window_of = [slice(None)] * 5
-    window_of[kv_layout.slots_axis(mesh)] = slot_ids
-    window_of[kv_layout.positions_axis(mesh)] = slice(0, window)
-    window_of = tuple(window_of)  # one advanced index: the rows keep the cache's order, B for N
-    rows = tuple(c.at[window_of].get(mode="fill", fill_value=0) for c in cache)  # e.g. [L, B, K, W, D]
+    if pages is None:
+        window_of = [slice(None)] * 5
+        window_of[kv_layout.slots_axis(mesh)] = slot_ids
+        window_of[kv_layout.positions_axis(mesh)] = slice(0, window)
+        window_of = tuple(window_of)  # one advanced index: the rows keep the cache's order, B for N
+        read = lambda c: c.at[window_of].get(mode="fill", fill_value=0)
+        write = lambda c, r: c.at[window_of].set(r, mode="drop")
+    else:  # padding rows' slot N reads the empty page id: zeros in, writes dropped
+        table = pages.at[slot_ids, : window // kv_pages.page_size_of(cache[0], mesh)].get(
+            mode="fill", fill_value=cache[0].shape[kv_layout.slots_axis(mesh)])  # [B, W / page]
+        read = lambda c: kv_pages.gather(c, table, mesh, rules, per_shard=False)
+        write = lambda c, r: kv_pages.scatter(c, r, table, mesh, rules, per_shard=False)
+    rows = tuple(read(c) for c in cache)  # e.g. [L, B, K, W, D]
     h, rows = forward_with_cache(cfg, params, tokens, rows, write_index, mesh=mesh, rules=rules,
                                  return_hidden=True)  # h [B, T, E]
-    cache = tuple(c.at[window_of].set(r, mode="drop") for c, r in zip(cache, rows))
+    cache = tuple(write(c, r) for c, r in zip(cache, rows))
     h_last = jnp.take_along_axis(h, last_index[:, None, None], axis=1)[:, 0]  # [B, E]
     logits, stats = sampling_logits(cfg, params, h_last, mesh, rules, inverse_temperature(sampling.temperature))
     positions = write_index + last_index + 1
@@ -136,8 +145,9 @@ def prefill(cfg: Qwen3Config, params, cache, tokens: jax.Array, write_index: jax
 
 def _decode_hidden(cfg: Qwen3Config, params, tokens: jax.Array, cache, write: jax.Array, mesh, rules):
     """One token per cache row [N] -> (final hidden states [N, E], cache): every layer in one
-    fused kernel where the mesh's devices have one (`kernels.fused`), else the model's layers."""
-    out = fused.decode_layers(cfg, params, tokens, write, cache, mesh)
+    fused kernel where the mesh's devices have one (`kernels.fused`), else the model's layers
+    (also for a paged pool read in place: cache = (k, v, block table))."""
+    out = None if len(cache) == 3 else fused.decode_layers(cfg, params, tokens, write, cache, mesh)
     if out is not None:
         h, cache = out
         return Qwen3(cfg, mesh, rules).apply({"params": params}, h, method=Qwen3.final_hidden), cache
@@ -158,8 +168,9 @@ class DecodeState(NamedTuple):
 
 @functools.partial(jax.jit, static_argnames=("cfg", "num_steps", "window", "truncation", "mesh", "rules"),
                    donate_argnames=("cache",))
-def decode(cfg: Qwen3Config, params, cache, state: DecodeState, *, num_steps: int, window: int,
-           truncation: bool = True, mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES):
+def decode(cfg: Qwen3Config, params, cache, state: DecodeState, pages: Optional[jax.Array] = None, *,
+           num_steps: int, window: int, truncation: bool = True, mesh: Optional[Mesh] = None,
+           rules: Rules = DEFAULT_RULES):
     """Runs up to `num_steps` decode steps over all N slots in one call: a while loop that ends
     early once no slot is active, or once any slot finishes if `state.exit_on_done` (so a freed
     slot is refilled without waiting for the rest of the fused steps), or before any active
@@ -168,13 +179,22 @@ def decode(cfg: Qwen3Config, params, cache, state: DecodeState, *, num_steps: in
     window (dropped). A slot stops on a stop token, when its budget is spent, or when the
     sequence would outgrow the cache (lengths + 1 == max_len). Returns (cache, out_tokens
     [num_steps, N], out_logprobs [num_steps, N]); out_tokens is -1 where a slot drew nothing.
-    truncation=False: no slot uses top-k / top-p (see `sampling.sample`).
+    truncation=False: no slot uses top-k / top-p (see `sampling.sample`). pages: a paged cache's
+    block table [N, max_len / page] (`prefill`): the ragged TPU kernel reads the pool in place
+    (window = max_len); otherwise the slots' first `window` positions are gathered from the pool
+    once per call and their pages written back once.
     """
     full = cache
     axis = kv_layout.positions_axis(mesh)
-    max_len = cache[0].shape[axis]
-    if window < max_len:
-        cache = tuple(jax.lax.slice_in_dim(c, 0, window, axis=axis) for c in full)
+    in_place = pages is not None and attention.choose_decode(cfg.attention, mesh) == "ragged"
+    if pages is not None:
+        page = kv_pages.page_size_of(full[0], mesh)
+        max_len, table = pages.shape[1] * page, pages[:, : window // page]  # table [N, W / page]
+        cache = tuple(cache) + (pages,) if in_place else tuple(kv_pages.gather(c, table, mesh, rules) for c in full)
+    else:
+        max_len = cache[0].shape[axis]
+        if window < max_len:
+            cache = tuple(jax.lax.slice_in_dim(c, 0, window, axis=axis) for c in full)
     n = state.tokens.shape[0]
     s = state.sampling
     inv_t = inverse_temperature(s.temperature)
@@ -203,11 +223,15 @@ def decode(cfg: Qwen3Config, params, cache, state: DecodeState, *, num_steps: in
         active = st.active & ~hit_stop & (remaining > 0) & (lengths + 1 < max_len)
         st = st._replace(tokens=jnp.where(st.active, tok, st.tokens), lengths=lengths, active=active,
                          remaining=remaining)
-        return i + 1, st, _pin_cache(cache, mesh, rules), out_tok, out_lp
+        return i + 1, st, _pin_cache(cache[:2], mesh, rules) + tuple(cache[2:]), out_tok, out_lp
 
     out_tok = jnp.full((num_steps, n), -1, jnp.int32)
     out_lp = jnp.zeros((num_steps, n), jnp.float32)
     _, _, cache, out_tok, out_lp = jax.lax.while_loop(cond, body, (jnp.int32(0), state, cache, out_tok, out_lp))
-    if window < max_len:
+    if in_place:
+        cache = cache[:2]
+    elif pages is not None:
+        cache = _pin_cache(tuple(kv_pages.scatter(f, c, table, mesh, rules) for f, c in zip(full, cache)), mesh, rules)
+    elif window < max_len:
         cache = _pin_cache(tuple(jax.lax.dynamic_update_slice(f, c, (0,) * 5) for f, c in zip(full, cache)), mesh, rules)
     return cache, out_tok, out_lp

@@ -171,6 +171,26 @@ def test_engine_programs_read_their_tensor_parallel_shard_and_copy_no_cache(tmp_
     assert decode["mixed_lengths"]["vs_min"] <= 1.3, decode["mixed_lengths"]
 
 
+def test_paged_engine_reads_its_pages_in_place(tmp_path):
+    """A paged KV cache (`rollout.kv_page_size`): the pool (64 pages x 128 = half of 16 slots x
+    2048) is what the programs hold, decode's ragged kernel reads each slot's pages where they
+    lie (no window gathered, no cache-sized copy), and mixed lengths still read within 1.3x of
+    the weights + live KV."""
+    _libtpu_or_skip()
+    proc, report, hlo = _run("v5e:2x2", tmp_path, *ENGINE, "--config.rollout.kv_page_size=128",
+                             "--config.rollout.kv_pages=64")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    decode = {p["name"]: p for p in report["programs"]}["rollout/decode"]
+    assert "paged KV: 64 pages x 128" in decode["notes"] and "decode attention ragged" in decode["notes"]
+    assert decode["large_copies"] == [], decode["large_copies"]
+    assert 'custom_call_target="tpu_custom_call"' in (hlo / "rollout__decode.hlo.txt").read_text()
+    assert decode["mixed_lengths"]["vs_min"] <= 1.3, decode["mixed_lengths"]
+    assert decode["mixed_lengths"]["fits"] is False  # 16 slots of 128-2047 tokens need ~70 pages
+    # the cache arguments: K and V pools of 2 layers x 64 x 128 positions x 2 heads x 128 bf16, over 4 chips
+    pool = 2 * 2 * 64 * 128 * 2 * 128 * 2 / 4
+    assert decode["argument_bytes"] == pytest.approx(decode["weight_bytes"] + pool, rel=0.02)
+
+
 def test_a_program_over_budget_fails_with_the_compilers_numbers(tmp_path):
     _libtpu_or_skip()
     proc, report, _ = _run("v5e:2x2", tmp_path, "--hbm_gib=0.001", "--only=grpo/train_step")

@@ -15,6 +15,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh, PartitionSpec as P
 
+from reagent_jax.kernels import kv_pages
 from reagent_jax.parallel.mesh import mesh_platform
 from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, logical_to_spec
 
@@ -75,56 +76,80 @@ def _ragged_decode_kernel(lengths_ref, layer_ref, q_ref, k_new_ref, v_new_ref, k
             o_ref[0, h] = (acc_sc[h] / l_sc[h][:, :1]).astype(o_ref.dtype)
 
 
-def _ragged_decode_local(q, ck, cv, layer, k_new, v_new, lengths, interpret: bool):
+def _paged_decode_kernel(lengths_ref, layer_ref, pages_ref, *refs, block: int):
+    """The same kernel over a paged pool: block j of slot i is page pages[i, j] (index maps)."""
+    del pages_ref
+    _ragged_decode_kernel(lengths_ref, layer_ref, *refs, block=block)
+
+
+def _ragged_decode_local(q, ck, cv, layer, k_new, v_new, lengths, pages=None, *, interpret: bool):
     """One device: q [N, K, g, d] (scaled); ck, cv [L, N, S, K, d] (every layer: the kernel
     fetches layer `layer`'s blocks itself); k_new, v_new [N, K, 1, d]; lengths [N] (cached
-    positions each slot attends to) -> [N, K, g, d]."""
+    positions each slot attends to) -> [N, K, g, d]. pages [N, S / page] (this device's page
+    ids): ck, cv are a paged pool [L, P, page, K, d] and a block is a page."""
     n, heads, g, d = q.shape
-    length = ck.shape[2]
-    block = decode_block(length, heads, d, ck.dtype.itemsize)
+    if pages is None:
+        length = ck.shape[2]
+        block = decode_block(length, heads, d, ck.dtype.itemsize)
+    else:
+        block, length = ck.shape[2], pages.shape[1] * ck.shape[2]
 
-    def cache_block(i, j, lengths, layer):  # past the slot's last live block: the same block again (no fetch)
-        last = jnp.maximum((lengths[i] + block - 1) // block - 1, 0)
-        return layer[0], i, jnp.minimum(j, last), 0, 0
+    def cache_block(i, j, lengths, layer, *pages):  # past the slot's last live block: the same block again (no fetch)
+        col = jnp.minimum(j, jnp.maximum((lengths[i] + block - 1) // block - 1, 0))
+        if not pages:
+            return layer[0], i, col, 0, 0
+        return layer[0], jnp.minimum(pages[0][i, col], ck.shape[1] - 1), 0, 0, 0  # an idle slot: any real page
 
-    row = lambda i, j, lengths, layer: (i, 0, 0, 0)
+    row = lambda i, j, *scalars: (i, 0, 0, 0)
+    scalars = (lengths, jnp.reshape(layer, (1,)).astype(jnp.int32)) + (() if pages is None else (pages,))
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2, grid=(n, length // block),
+        num_scalar_prefetch=len(scalars), grid=(n, length // block),
         in_specs=[pl.BlockSpec((1, heads, g, d), row), pl.BlockSpec((1, heads, 1, d), row),
                   pl.BlockSpec((1, heads, 1, d), row), pl.BlockSpec((1, 1, block, heads, d), cache_block),
                   pl.BlockSpec((1, 1, block, heads, d), cache_block)],
         out_specs=pl.BlockSpec((1, heads, g, d), row),
         scratch_shapes=[pltpu.VMEM((heads, g, 128), jnp.float32), pltpu.VMEM((heads, g, 128), jnp.float32),
                         pltpu.VMEM((heads, g, d), jnp.float32)])
+    kernel = _ragged_decode_kernel if pages is None else _paged_decode_kernel
     return pl.pallas_call(
-        functools.partial(_ragged_decode_kernel, block=block), grid_spec=grid_spec,
+        functools.partial(kernel, block=block), grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, v_new.dtype),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
-        interpret=interpret)(lengths, jnp.reshape(layer, (1,)).astype(jnp.int32), q, k_new, v_new, ck, cv)
+        interpret=interpret)(*scalars, q, k_new, v_new, ck, cv)
 
 
 def ragged_decode(qg: jax.Array, ck: jax.Array, cv: jax.Array, layer: jax.Array, k: jax.Array, v: jax.Array,
                   write_index: jax.Array, scale: float, mesh: Optional[Mesh] = None,
-                  rules: Rules = DEFAULT_RULES) -> jax.Array:
+                  rules: Rules = DEFAULT_RULES, pages: Optional[jax.Array] = None) -> jax.Array:
     """One new token per slot: qg [N,1,K,g,d] attends over its slot's cached positions
     < write_index[N] of layer `layer` of the caches ck, cv [L, N, S, K, d] (every layer: a
     custom call given one layer's slice would receive a copy of it) and over its
     own k, v [N,1,K,d] -> [N,1,K,g,d]. A write_index >= S (an idle slot) reads no cache.
-    Sharded as the engine's cache is: slots over `cache_batch`, KV heads over `kv_heads`."""
-    s = ck.shape[2]
+    Sharded as the engine's cache is: slots over `cache_batch`, KV heads over `kv_heads`.
+    pages [N, S / page]: ck, cv are a paged pool [L, P, page, K, d] (`kernels.kv_pages`), and
+    each slot reads its own pages (of its own data shard)."""
+    s = ck.shape[2] if pages is None else pages.shape[1] * ck.shape[2]
     lengths = jnp.where(write_index < s, write_index, 0).astype(jnp.int32)
     q = (qg[:, 0] * scale).astype(qg.dtype)  # [N, K, g, d]
     k_new, v_new = k[:, 0, :, None], v[:, 0, :, None]  # [N, K, 1, d]
     local = functools.partial(_ragged_decode_local, interpret=mesh_platform(mesh) != "tpu")
     layer = jnp.asarray(layer, jnp.int32)
+    if pages is not None:
+        pages = jnp.asarray(pages, jnp.int32)
+        axes, per = kv_pages.shard_axes(mesh, rules), ck.shape[1] // (1 if mesh is None else kv_pages.mesh_ways(mesh, rules))
+        paged = local
+        local = lambda q, ck, cv, layer, k_new, v_new, lengths, pages: paged(
+            q, ck, cv, layer, k_new, v_new, lengths, kv_pages.local_ids(pages, per, axes))
+    extra = () if pages is None else (pages,)
     if mesh is None:  # on a mesh (one device too) shard_map tells the kernel which TPU it lowers for
-        out = local(q, ck, cv, layer, k_new, v_new, lengths)
+        out = local(q, ck, cv, layer, k_new, v_new, lengths, *extra)
     else:
         row_spec = logical_to_spec(("cache_batch", "kv_heads", None, None), q.shape, mesh, rules)
         cache_spec = logical_to_spec(("layers", "cache_batch", "cache_len", "kv_heads", "head_dim"), ck.shape, mesh,
                                      rules)
         len_spec = logical_to_spec(("cache_batch",), lengths.shape, mesh, rules)
+        table_spec = () if pages is None else (P(*len_spec, None),)
         out = jax.shard_map(local, mesh=mesh,
-                            in_specs=(row_spec, cache_spec, cache_spec, P(), row_spec, row_spec, len_spec),
-                            out_specs=row_spec, check_vma=False)(q, ck, cv, layer, k_new, v_new, lengths)
+                            in_specs=(row_spec, cache_spec, cache_spec, P(), row_spec, row_spec, len_spec) + table_spec,
+                            out_specs=row_spec, check_vma=False)(q, ck, cv, layer, k_new, v_new, lengths, *extra)
     return out[:, None]
