@@ -34,7 +34,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.agent.max_turns = 6
     c.agent.max_tokens_per_turn = 320
     c.agent.tools = "python"
-    c.rollout = ml_collections.ConfigDict(dict(num_slots=4, max_len=2048, prefill_chunk=512, decode_steps=16, kv_page_size=0, kv_pages=0))
+    c.rollout = ml_collections.ConfigDict(dict(num_slots=4, max_len=2048, prefill_chunk=512, decode_steps=16, kv_page_size=0, kv_pages=0, kv_dtype=""))
     c.grpo.steps = 100
     c.grpo.questions_per_step = 2
     c.grpo.n = 4

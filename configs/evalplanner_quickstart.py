@@ -53,7 +53,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.dpo = ml_collections.ConfigDict(dict(rounds=2, steps=16, batch_size=4, micro_batches=1, learning_rate=5e-4,
                                            warmup_steps=2, beta=0.1, loss_type="sigmoid", label_smoothing=0.0,
                                            nll_coef=0.0, max_len=576))
-    c.rollout = ml_collections.ConfigDict(dict(num_slots=64, max_len=640, prefill_chunk=512, decode_steps=16, kv_page_size=0, kv_pages=0))
+    c.rollout = ml_collections.ConfigDict(dict(num_slots=64, max_len=640, prefill_chunk=512, decode_steps=16, kv_page_size=0, kv_pages=0, kv_dtype=""))
     c.eval = ml_collections.ConfigDict(dict(both_orders=True))
     c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
     return c

@@ -62,7 +62,7 @@ def get_config() -> ml_collections.ConfigDict:
                                              include_tool_schemas=True, system_prompt="", final_step_message=""))
     # Bucket lists (comma-separated ints, "" = engine defaults) fix the kernel shapes: fewer compilations.
     c.rollout = ml_collections.ConfigDict(dict(num_slots=64, max_len=32768, prefill_chunk=1024, decode_steps=8,
-                                               length_buckets="", row_buckets="", window_buckets="", kv_page_size=0, kv_pages=0))
+                                               length_buckets="", row_buckets="", window_buckets="", kv_page_size=0, kv_pages=0, kv_dtype=""))
 
     # method: rule (EM / F1 / math equivalence) or llm (a judge with the rule as fallback).
     c.scoring = ml_collections.ConfigDict(dict(method="rule", correct_threshold=1.0, judge=_judge(1024)))

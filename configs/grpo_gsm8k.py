@@ -37,7 +37,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.prompt = ml_collections.ConfigDict(dict(
         system="Solve the math problem step by step. Put the final answer in \\boxed{}.",
         temperature=0.8, top_p=1.0, max_new_tokens=192))
-    c.rollout = ml_collections.ConfigDict(dict(num_slots=16, max_len=512, prefill_chunk=256, decode_steps=8, kv_page_size=0, kv_pages=0))
+    c.rollout = ml_collections.ConfigDict(dict(num_slots=16, max_len=512, prefill_chunk=256, decode_steps=8, kv_page_size=0, kv_pages=0, kv_dtype=""))
     c.grpo = ml_collections.ConfigDict(dict(
         steps=8, questions_per_step=4, n=4, learning_rate=5e-6, warmup_steps=0, beta=0.0, kl_kind="k3",
         policy_loss="vanilla", fused_head=True, eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo",

@@ -34,7 +34,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.agent = ml_collections.ConfigDict(dict(max_turns=6, max_tokens_per_turn=96, temperature=0.7, top_p=1.0,
                                              include_tool_schemas=False, tools="search,python"))
-    c.rollout = ml_collections.ConfigDict(dict(num_slots=64, max_len=768, prefill_chunk=256, decode_steps=8, kv_page_size=0, kv_pages=0))
+    c.rollout = ml_collections.ConfigDict(dict(num_slots=64, max_len=768, prefill_chunk=256, decode_steps=8, kv_page_size=0, kv_pages=0, kv_dtype=""))
 
     # context_loss_weight: also model tool responses and the question (weight 1.0), which teaches a
     # random-init model to copy names and numbers far sooner; 0 for pretrained checkpoints.

@@ -55,7 +55,7 @@ def get_config(variant: str = "a800") -> ml_collections.ConfigDict:
     c.agent = ml_collections.ConfigDict(dict(max_turns=13, max_tokens_per_turn=2048, temperature=0.7, top_p=0.95,
                                              include_tool_schemas=True, tools="search,browse,python"))
     c.rollout = ml_collections.ConfigDict(dict(num_slots=v["num_slots"], max_len=v["max_len"],
-                                               prefill_chunk=v["prefill_chunk"], decode_steps=16, kv_page_size=0, kv_pages=0))
+                                               prefill_chunk=v["prefill_chunk"], decode_steps=16, kv_page_size=0, kv_pages=0, kv_dtype=""))
     c.grpo = ml_collections.ConfigDict(dict(
         steps=300, questions_per_step=32, n=8, learning_rate=5e-7, warmup_steps=0, beta=0.0, kl_kind="k3",
         policy_loss="vanilla", fused_head=True, eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo",

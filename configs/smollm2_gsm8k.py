@@ -38,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.agent = ml_collections.ConfigDict(dict(max_turns=3, max_tokens_per_turn=160, temperature=0.7, top_p=1.0,
                                              include_tool_schemas=True, tools="python",
                                              system_prompt=SOLVER_SYSTEM_PROMPT))
-    c.rollout = ml_collections.ConfigDict(dict(num_slots=16, max_len=1024, prefill_chunk=256, decode_steps=8, kv_page_size=0, kv_pages=0))
+    c.rollout = ml_collections.ConfigDict(dict(num_slots=16, max_len=1024, prefill_chunk=256, decode_steps=8, kv_page_size=0, kv_pages=0, kv_dtype=""))
     c.sft = ml_collections.ConfigDict(dict(steps=60, batch_size=4, micro_batches=1, learning_rate=2e-5,
                                            warmup_steps=5, max_len=768, context_loss_weight=0.0,
                                            num_examples=240))

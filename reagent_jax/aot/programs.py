@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -103,16 +103,26 @@ def _train_state(cfg, mesh: Mesh, optimizer) -> ts.TrainState:
     return _abstract(shapes, shardings)
 
 
-def _cache(cfg, mesh: Mesh, num_slots: int, max_len: int, paging: tuple[int, int] = (0, 0)):
+class CacheLayout(NamedTuple):
+    """How the engine keeps its KV cache (`rollout.kv_page_size` / `kv_pages` / `kv_dtype`)."""
+    page_size: int = 0  # 0: one max_len row per slot
+    pages: int = 0  # the run's pool; 0: the contiguous size
+    dtype: str = ""  # "": the compute dtype
+
+    @classmethod
+    def of(cls, r) -> "CacheLayout":
+        return cls(int(r.kv_page_size), int(r.kv_pages), str(r.kv_dtype))
+
+
+def _cache(cfg, mesh: Mesh, num_slots: int, max_len: int, layout: CacheLayout = CacheLayout()):
     """This process's engine's (k, v) KV cache (its share of the run's `num_slots`), on the
-    engine's mesh: one max_len row per slot, or with paging = (page size, pages of the run;
-    0 = the contiguous size) a pool of pages (`kernels.kv_pages`)."""
+    engine's mesh: one max_len row per slot, or a pool of pages (`kernels.kv_pages`)."""
     emesh = _engine_mesh(mesh, cfg)
     n = slots_per_process(num_slots, mesh)
-    page, pages = paging
-    rows, length = (n, max_len) if not page else ((pages or num_slots * max_len // page) * n // num_slots, page)
+    page = layout.page_size
+    rows, length = (n, max_len) if not page else ((layout.pages or num_slots * max_len // page) * n // num_slots, page)
     shape = kernels.cache_shape(cfg, rows, length, emesh)
-    one = jax.ShapeDtypeStruct(shape, jnp.dtype(cfg.compute_dtype),
+    one = jax.ShapeDtypeStruct(shape, jnp.dtype(layout.dtype or cfg.compute_dtype),
                                sharding=named_sharding(emesh, kv_layout.cache_axes(emesh), shape, ENGINE_RULES))
     return one, one
 
@@ -154,8 +164,8 @@ def model_config(config) -> models.Qwen3Config:
 
 # ---- programs -----------------------------------------------------------------------------------------
 
-def _resident_engine(cfg, mesh, num_slots: int, max_len: int, paging: tuple[int, int] = (0, 0)) -> float:
-    return per_chip_bytes(_cache(cfg, mesh, num_slots, max_len, paging))
+def _resident_engine(cfg, mesh, num_slots: int, max_len: int, layout: CacheLayout = CacheLayout()) -> float:
+    return per_chip_bytes(_cache(cfg, mesh, num_slots, max_len, layout))
 
 
 def _logprob_gather_bytes(cfg, rows: int, length: int, passes: int) -> float:
@@ -223,13 +233,13 @@ def _block_table(emesh: Mesh, num_slots: int, max_len: int, page: int) -> Option
 
 
 def prefill_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, chunk: int,
-                    resident: dict[str, float], paging: tuple[int, int] = (0, 0)) -> Program:
+                    resident: dict[str, float], layout: CacheLayout = CacheLayout()) -> Program:
     emesh = _engine_mesh(mesh, cfg)
-    params, cache = _engine_params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len, paging)
+    params, cache = _engine_params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len, layout)
     rows = min(ENGINE_PREFILL_ROWS, slots_per_process(num_slots, mesh))
     r = lambda dtype, *shape: _replicated(emesh, shape, dtype)
     args = (params, cache, r(jnp.int32, rows, chunk), r(jnp.int32, rows), r(jnp.int32, rows), r(jnp.int32, rows),
-            _sampling(emesh, rows), _block_table(emesh, slots_per_process(num_slots, mesh), max_len, paging[0]))
+            _sampling(emesh, rows), _block_table(emesh, slots_per_process(num_slots, mesh), max_len, layout.page_size))
     fn = jax.jit(lambda p, c, t, w, s, l, smp, pg: kernels.prefill(cfg, p, c, t, w, s, l, smp, pg, window=max_len,
                                                                    truncation=True, mesh=emesh, rules=ENGINE_RULES),
                  donate_argnums=(1,))
@@ -246,9 +256,9 @@ def prefill_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, ch
 
 
 def decode_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, steps: int,
-                   resident: dict[str, float], paging: tuple[int, int] = (0, 0)) -> Program:
+                   resident: dict[str, float], layout: CacheLayout = CacheLayout()) -> Program:
     emesh = _engine_mesh(mesh, cfg)
-    params, cache = _engine_params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len, paging)
+    params, cache = _engine_params(cfg, mesh), _cache(cfg, mesh, num_slots, max_len, layout)
     r = lambda dtype, *shape: _replicated(emesh, shape, dtype)
     n = slots_per_process(num_slots, mesh)
     state = kernels.DecodeState(r(jnp.int32, n), r(jnp.int32, n), r(jnp.bool_, n), r(jnp.int32, n),
@@ -259,17 +269,19 @@ def decode_program(name: str, cfg, mesh: Mesh, num_slots: int, max_len: int, ste
     weights, kv = per_chip_bytes(params), per_chip_bytes(cache)
     link = steps * _tp_link_bytes(cfg, emesh, n / emesh.shape["data"])
     kernel = attention.choose_decode(cfg.attention, emesh)
-    table = _block_table(emesh, n, max_len, paging[0])
-    paged = "" if not paging[0] else f"; paged KV: {cache[0].shape[1]} pages x {paging[0]}"
+    table = _block_table(emesh, n, max_len, layout.page_size)
+    paged = "" if not layout.page_size else f"; paged KV: {cache[0].shape[1]} pages x {layout.page_size}"
+    paged += f"; {layout.dtype} KV" if layout.dtype else ""
     return Program(name, fn, (params, cache, state, table), {}, flops, steps * (weights + kv), link, resident,
                    notes=f"{steps} fused steps x {n} slots{_of_total(n, num_slots)}, window {max_len} (every slot full "
                          f"length){paged}; engine mesh {_mesh_str(emesh)}; decode attention {kernel}",
                    weight_bytes=weights, large_copy_bytes=min(64 * 1024 ** 2, per_chip_bytes(cache[0])),
-                   mixed_lengths=mixed_length_step_bytes(cfg, emesh, n, max_len, weights, kernel, paging[0], kv))
+                   mixed_lengths=mixed_length_step_bytes(cfg, emesh, n, max_len, weights, kernel, layout.page_size, kv,
+                                                         kv_itemsize=cache[0].dtype.itemsize))
 
 
 def mixed_length_step_bytes(cfg, emesh: Mesh, num_slots: int, max_len: int, weights: float, kernel: str,
-                            page: int = 0, pool_bytes: float = 0.0, seed: int = 0) -> dict:
+                            page: int = 0, pool_bytes: float = 0.0, kv_itemsize: int = 0, seed: int = 0) -> dict:
     """HBM bytes one decode step reads on the busiest chip for a population of slots whose
     lengths spread evenly over [max_len / 16, max_len) (shuffled over the slots), against the
     minimum (a weight shard + the live KV of the chip holding the most). xla attention reads every slot up
@@ -280,10 +292,10 @@ def mixed_length_step_bytes(cfg, emesh: Mesh, num_slots: int, max_len: int, weig
     rng = np.random.default_rng(seed)
     lengths = rng.permutation(np.linspace(max_len // 16, max_len - 1, num_slots).astype(np.int64))
     data, tensor = emesh.shape["data"], emesh.shape["tensor"]
-    per_position = 2 * cfg.num_layers * (cfg.num_kv_heads // tensor) * cfg.head_dim * jnp.dtype(cfg.compute_dtype).itemsize
+    itemsize = kv_itemsize or jnp.dtype(cfg.compute_dtype).itemsize  # of the cache
+    per_position = 2 * cfg.num_layers * (cfg.num_kv_heads // tensor) * cfg.head_dim * itemsize
     if kernel == "ragged":
-        block = page or ragged_decode.decode_block(max_len, cfg.num_kv_heads // tensor, cfg.head_dim,
-                                                   jnp.dtype(cfg.compute_dtype).itemsize)
+        block = page or ragged_decode.decode_block(max_len, cfg.num_kv_heads // tensor, cfg.head_dim, itemsize)
         read = np.maximum(-(-lengths // block), 1) * block
     else:
         read = np.full_like(lengths, kernels.bucket(int(lengths.max()) + 1, kernels.geometric_buckets(256, max_len, 4)))
@@ -343,14 +355,10 @@ def _opt_state_bytes(cfg, mesh, block) -> dict[str, float]:
     return {"optimizer state": per_chip_bytes(_train_state(cfg, mesh, ts.make_optimizer(_opt(block))).opt_state)}
 
 
-def _paging(r) -> tuple[int, int]:
-    return int(r.kv_page_size), int(r.kv_pages)
-
-
-def _engine_programs(prefix, cfg, mesh, r, max_len, resident, paging: tuple[int, int] = (0, 0)) -> list[Program]:
+def _engine_programs(prefix, cfg, mesh, r, max_len, resident, layout: CacheLayout = CacheLayout()) -> list[Program]:
     return [prefill_program(f"{prefix}/prefill", cfg, mesh, r.num_slots, max_len, min(r.prefill_chunk, max_len),
-                            resident, paging),
-            decode_program(f"{prefix}/decode", cfg, mesh, r.num_slots, max_len, r.decode_steps, resident, paging)]
+                            resident, layout),
+            decode_program(f"{prefix}/decode", cfg, mesh, r.num_slots, max_len, r.decode_steps, resident, layout)]
 
 
 def _engine_weights(cfg, mesh: Mesh) -> float:
@@ -365,7 +373,7 @@ def agent_programs(config, cfg, mesh: Mesh) -> list[Program]:
     stages = [s.strip() for s in config.stages.split(",") if s.strip()]
     blocks = typed_blocks(config)
     r = blocks["rollout"]
-    engine = {"engine KV cache": _resident_engine(cfg, mesh, r.num_slots, r.max_len, _paging(r))}
+    engine = {"engine KV cache": _resident_engine(cfg, mesh, r.num_slots, r.max_len, CacheLayout.of(r))}
     engine_weights = {"engine weights": _engine_weights(cfg, mesh)}
     out: list[Program] = []
     if any(s.startswith("rrm_") for s in stages):
@@ -389,7 +397,7 @@ def agent_programs(config, cfg, mesh: Mesh) -> list[Program]:
         out += _grpo_programs(config, blocks, "grpo", cfg, mesh, r.max_len, judge_resident, engine)
     policy_state = {"trainer params": per_chip_bytes(_params(cfg, mesh)),
                     **_opt_state_bytes(cfg, mesh, blocks["grpo"] if "grpo" in stages else blocks["sft"])}
-    out += _engine_programs("rollout", cfg, mesh, r, r.max_len, {**policy_state, **judge_resident}, _paging(r))
+    out += _engine_programs("rollout", cfg, mesh, r, r.max_len, {**policy_state, **judge_resident}, CacheLayout.of(r))
     if judge_resident:
         out += _engine_programs("judge", cfg, mesh, r, int(config.rrm.max_len),
                                 {**policy_state, **engine, **engine_weights})
@@ -400,7 +408,7 @@ def evalplanner_programs(config, cfg, mesh: Mesh) -> list[Program]:
     stages = [s.strip() for s in config.stages.split(",") if s.strip()]
     blocks = typed_blocks(config)
     r = blocks["rollout"]
-    engine = {"engine KV cache": _resident_engine(cfg, mesh, r.num_slots, r.max_len, _paging(r)),
+    engine = {"engine KV cache": _resident_engine(cfg, mesh, r.num_slots, r.max_len, CacheLayout.of(r)),
               "engine weights": _engine_weights(cfg, mesh)}
     out: list[Program] = []
     for stage, block in (("judge_seed", blocks.get("seed_judge")), ("judge_sft", blocks["sft"])):
@@ -416,7 +424,7 @@ def evalplanner_programs(config, cfg, mesh: Mesh) -> list[Program]:
         out.append(logprob_program("judge_dpo/ref_logprobs", cfg, mesh, 2 * d.batch_size, d.max_len,
                                    {**engine, **_opt_state_bytes(cfg, mesh, d)}))
     out += _engine_programs("rollout", cfg, mesh, r, r.max_len, {"trainer params": per_chip_bytes(_params(cfg, mesh)),
-                                                                 **_opt_state_bytes(cfg, mesh, blocks["sft"])}, _paging(r))
+                                                                 **_opt_state_bytes(cfg, mesh, blocks["sft"])}, CacheLayout.of(r))
     return out
 
 

@@ -161,15 +161,22 @@ def test_ragged_kernel_reads_the_pages_in_place(model, monkeypatch):
     """TPU's decode kernel (Pallas interpret mode) over the pool with the block table: no window
     is gathered (decode runs at window max_len), and the tokens are forward's argmax."""
     from reagent_jax.kernels import attention
+    cfg, params = model
+    prompts = prompts_of((5, 40, 9), seed=23)
+    sp = GREEDY.replace(max_new_tokens=12)
+    fp8_xla = rollout.Engine(cfg, params, **KW, cache_dtype="float8_e4m3fn").generate(prompts, sp)
     monkeypatch.setattr(kv_layout, "order", lambda mesh: kv_layout.ORDERS["tpu"])
     monkeypatch.setattr(attention, "choose_decode", lambda impl, mesh: "ragged")
     jax.clear_caches()
-    cfg, params = model
-    prompts = prompts_of((5, 40, 9), seed=23)
     eng = rollout.Engine(cfg, params, **PAGED, kv_pages=10)
-    outs = eng.generate(prompts, GREEDY.replace(max_new_tokens=12))
+    outs = eng.generate(prompts, sp)
     assert [o.tokens for o in outs] == greedy_reference(cfg, params, prompts, 12)
     assert all(s.startswith("decode[4,w160]") for s in eng.stats()["kernel_shapes"] if s.startswith("decode"))
+    # an fp8 pool: the kernel computes in the query's dtype, as XLA attention over an fp8 cache does
+    fp8 = rollout.Engine(cfg, params, **PAGED, kv_pages=10, cache_dtype="float8_e4m3fn").generate(prompts, sp)
+    assert [o.tokens for o in fp8] == [o.tokens for o in fp8_xla]
+    for a, b in zip(fp8, fp8_xla):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
     jax.clear_caches()
 
 
@@ -182,6 +189,9 @@ def test_rollout_config_paging_fields():
         RolloutConfig.from_config(dict(max_len=1024, kv_page_size=100), "rollout")
     with pytest.raises(Exception, match="kv_pages=8: needs kv_page_size > 0"):
         RolloutConfig.from_config(dict(kv_pages=8), "rollout")
+    assert RolloutConfig(kv_dtype="float8_e4m3fn").engine_kwargs()["cache_dtype"] == "float8_e4m3fn"
+    with pytest.raises(Exception, match="kv_dtype='int4'"):
+        RolloutConfig.from_config(dict(kv_dtype="int4"), "rollout")
 
 
 def test_paged_engine_on_eight_devices_matches_one_device():

@@ -58,7 +58,8 @@ def _ragged_decode_kernel(lengths_ref, layer_ref, q_ref, k_new_ref, v_new_ref, k
     def _step():
         pos = j * block + jax.lax.broadcasted_iota(jnp.int32, (g, block), 1)
         for h in range(heads):
-            s = jax.lax.dot_general(q_ref[0, h], k_ref[0, 0, :, h, :], (((1,), (1,)), ((), ())),
+            k = k_ref[0, 0, :, h, :].astype(q_ref.dtype)  # an fp8 cache computes in the query's dtype
+            s = jax.lax.dot_general(q_ref[0, h], k, (((1,), (1,)), ((), ())),
                                     preferred_element_type=f32)  # [g, block]
             s = jnp.where(pos < length, s, _NEG)
             m_prev = m_sc[h][:, :1]
@@ -66,7 +67,8 @@ def _ragged_decode_kernel(lengths_ref, layer_ref, q_ref, k_new_ref, v_new_ref, k
             alpha, p = jnp.exp(m_prev - m_new), jnp.exp(s - m_new)
             l_sc[h] = jnp.broadcast_to(alpha * l_sc[h][:, :1] + p.sum(axis=-1, keepdims=True), (g, 128))
             m_sc[h] = jnp.broadcast_to(m_new, (g, 128))
-            pv = jax.lax.dot_general(p.astype(v_ref.dtype), v_ref[0, 0, :, h, :], (((1,), (0,)), ((), ())),
+            pv = jax.lax.dot_general(p.astype(q_ref.dtype), v_ref[0, 0, :, h, :].astype(q_ref.dtype),
+                                     (((1,), (0,)), ((), ())),
                                      preferred_element_type=f32)  # [g, d]
             acc_sc[h] = alpha * acc_sc[h] + pv
 
