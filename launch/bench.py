@@ -15,6 +15,7 @@ r"""Throughput benchmarks; prints one JSON object and optionally writes it to --
   python launch/bench.py --mode=eval
   python launch/bench.py --mode=data --iters=100000   # ArrayRecord vs JSONL random reads (records)
   python launch/bench.py --mode=kv_dtype --checkpoint=smollm2 --batch=16 --new_tokens=96   # KV cache dtypes vs fp32
+  python launch/bench.py --mode=grpo_rollout --preset=bench-256 --batch=4 --samples=8 --prompt_len=256  # paged KV
 
 Figures are medians over --iters runs; ratios are against a baseline run in the same process.
 """
@@ -27,7 +28,7 @@ from absl import app, flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", "forward", ["forward", "rollout", "decode", "decode_kernel", "train_step", "grpo_step",
-                                      "tools", "serve", "eval", "data", "kv_dtype"],
+                                      "tools", "serve", "eval", "data", "kv_dtype", "grpo_rollout"],
                   "What to measure.")
 flags.DEFINE_integer("clients", 64, "serve mode: concurrent clients.", lower_bound=1)
 flags.DEFINE_bool("stream", False, "serve mode: stream responses (server-sent events).")
@@ -58,6 +59,8 @@ flags.DEFINE_enum("remat", None, ["none", "full", "dots_saveable", "dots_with_no
 flags.DEFINE_bool("baseline", True, "Also run the mode's baseline where it has one (transformers/torch; grpo_step: the "
                   "update with the rematerialised output head).")
 flags.DEFINE_string("json_out", None, "Write the JSON result here too.")
+flags.DEFINE_integer("samples", 8, "grpo_rollout mode: episodes per prompt (--batch prompts).", lower_bound=1)
+flags.DEFINE_integer("page_size", 64, "grpo_rollout mode: the paged engine's KV page size.", lower_bound=1)
 flags.DEFINE_string("checkpoint", "smollm2", "kv_dtype mode: an HF checkpoint directory or a GGUF name.")
 flags.DEFINE_list("kv_dtypes", ["bfloat16", "float8_e4m3fn", "float8_e5m2"], "kv_dtype mode: cache dtypes to "
                   "compare with an fp32 cache (--batch GSM8K prompts, --new_tokens greedy tokens).")
@@ -107,6 +110,11 @@ def main(argv):
     elif FLAGS.mode == "data":
         from reagent_jax.benchmarks import data as bench
         result = bench.run(num_records=max(FLAGS.iters, 1000), reads=max(FLAGS.iters, 1000))
+    elif FLAGS.mode == "grpo_rollout":
+        from reagent_jax.benchmarks import paged as bench
+        result = bench.grpo_rollout(cfg, questions=FLAGS.batch, n=FLAGS.samples, prompt_len=FLAGS.prompt_len,
+                                    new_tokens=FLAGS.new_tokens, page_size=FLAGS.page_size, iters=FLAGS.iters,
+                                    dtype=FLAGS.dtype)
     elif FLAGS.mode == "kv_dtype":
         from reagent_jax.benchmarks import kv_dtype as bench
         result = bench.run(FLAGS.checkpoint, FLAGS.kv_dtypes, prompts=FLAGS.batch, new_tokens=FLAGS.new_tokens)

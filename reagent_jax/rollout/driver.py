@@ -99,6 +99,10 @@ class Driver:
         worked = bool(rows)
         if rows:
             events += self._prefill(rows)
+            if self._pages is not None:
+                with self._lock:  # sequences waiting on the pages just written map them now, while they live
+                    if self._reserve_prefills() == len(self._prefill_q):
+                        self._admit()
         with self._lock:
             slots = [s if s is not None and s.state == DECODE and not s.release_pending else None for s in self._slots]
         if any(s is not None for s in slots):
@@ -125,10 +129,17 @@ class Driver:
     def _admit(self) -> None:
         for i in range(self.num_slots):
             if self._slots[i] is None and self._waiting:
-                if self._pages is not None and not self._pages.reserve(i, self._turn_tokens(self._waiting[0])):
-                    continue  # this slot's data shard is short of pages; another shard may have some
+                shared = 0
+                if self._pages is not None:
+                    if self._prefix_pending(self._waiting[0]):
+                        break  # a prefilling sequence is writing pages this one will share: next round
+                    shared = self._pages.share_prefix(i, self._waiting[0].tokens)
+                    if not self._pages.reserve(i, self._turn_tokens(self._waiting[0])):
+                        self._pages.release(i)
+                        continue  # this slot's data shard is short of pages; another shard may have some
                 s = self._waiting.popleft()
-                s.slot, s.state, s.cached = i, PREFILL, 0
+                s.slot, s.state, s.cached = i, PREFILL, shared
+                self._stats["prefix_shared_tokens"] += shared
                 self._slots[i] = s
                 self._prefill_q.append(s)
         if self._pages is not None and self._waiting and None in self._slots:
@@ -147,6 +158,12 @@ class Driver:
         num_pages = self.num_slots * self.max_len // page_size if num_pages is None else num_pages
         shards = kv_pages.data_shards(self.mesh, self.rules, self.num_slots, num_pages)
         return PageTable(self.num_slots, self.max_len, page_size, num_pages, shards)
+
+    def _prefix_pending(self, s: Session) -> bool:
+        """Whether a sequence now in prefill will write full pages of `s`'s prompt that it has
+        not written yet (GRPO's n samples of one prompt arrive together: the first computes the
+        prompt's pages, the others wait one round and share them)."""
+        return any(self._pages.shareable(s.tokens, p.tokens) > p.cached for p in self._prefill_q)
 
     def _turn_tokens(self, s: Session) -> int:
         """Positions a turn may fill: its context plus what is left of its budget."""
@@ -194,6 +211,8 @@ class Driver:
             self._stats["prefill_padded_tokens"] += kw["tokens"].size
             for s, n, done, t, l in zip(rows, lens, completes, tok, lp):
                 s.cached += n
+                if self._pages is not None:
+                    self._pages.publish(s.slot, s.tokens, s.cached)
                 if done:
                     s.tokens.append(int(t))
                     s.turn_logprobs.append(float(l))

@@ -76,7 +76,9 @@ class Engine(Driver):
     num_slots x max_len / kv_page_size, the contiguous cache's size) shared by the slots. A
     turn reserves the pages of its context + max_new_tokens before it starts and waits when the
     pool is short, so with a smaller pool or more slots memory follows the live turns, not
-    slots x max_len. None (default): one contiguous max_len row per slot.
+    slots x max_len. A new sequence whose prompt begins with the full pages of a live one maps
+    those pages instead of computing them (GRPO's n samples of a prompt prefill it once:
+    stats()["prefix_shared_tokens"]). None (default): one contiguous max_len row per slot.
     """
 
     def __init__(self, cfg: Qwen3Config, params, *, num_slots: int = 16, max_len: int = 2048,
@@ -335,8 +337,9 @@ class Engine(Driver):
         compiles (kernel compilations triggered by this engine), kernel_shapes (the distinct
         shapes this engine ran, e.g. "prefill[4x32,w64]"), seconds spent per kernel, and
         the current number of waiting / prefilling / decoding / paused sessions and free slots;
-        with a paged cache also kv_pages, kv_pages_free and page_waits (scheduling rounds in
-        which a queued turn waited for pages)."""
+        with a paged cache also kv_pages, kv_pages_free, page_waits (scheduling rounds in
+        which a queued turn waited for pages) and prefix_shared_tokens (prompt positions mapped
+        from live pages instead of prefilled)."""
         with self._lock:
             out = dict(self._stats)
             out.update({f"{k}_seconds": v for k, v in self._times.items()})

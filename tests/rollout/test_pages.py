@@ -44,6 +44,27 @@ def test_page_table_reserves_trims_and_releases_per_shard():
         PageTable(4, 64, 16, 7, shards=2)
 
 
+def test_live_pages_are_shared_by_prompts_that_begin_with_them():
+    t = PageTable(num_slots=3, max_len=64, page_size=4, num_pages=12)
+    a = list(range(10))  # pages [0-3] [4-7], then 2 tokens
+    assert t.share_prefix(0, a) == 0 and t.reserve(0, 12)
+    t.publish(0, a, written=6)  # page 0 written, page 1 half: only page 0 is offered
+    assert t.share_prefix(1, a + [99]) == 4 and t.table[1, 0] == t.table[0, 0]
+    t.release(1)
+    t.publish(0, a, written=10)
+    b = a[:8] + [50, 51, 52]
+    assert t.share_prefix(1, b) == 8 and t.table[1, :2].tolist() == t.table[0, :2].tolist()
+    assert t.share_prefix(2, a[:8]) == 4  # the last token is always computed: page 1 would cover it
+    assert t.reserve(1, 16) and t.table[1, 2] not in t.table[0]  # its own page after the shared ones
+    t.release(0)  # the publisher leaves: the sharers keep pages 0 and 1
+    assert t.free_pages() == 12 - 4
+    t.release(2)
+    t.release(1)
+    assert t.free_pages() == 12 and not t._index and not t._key_of
+    # a freed page reused for other tokens matches nothing of the old prefix
+    assert t.reserve(0, 8) and t.share_prefix(1, a) == 0
+
+
 @pytest.mark.parametrize("order", ["lnksd", "lnskd"])
 def test_gather_and_scatter_are_the_block_table_in_numpy(monkeypatch, order):
     monkeypatch.setattr(kv_layout, "order", lambda mesh: order)
@@ -81,6 +102,39 @@ def test_paged_engine_equals_contiguous_engine_and_forward(model):
     st = eng.stats()
     assert st["page_waits"] > 0 and st["kv_pages"] == 8 and st["kv_pages_free"] == 8
     assert eng._cache[0].shape == kv_layout.cache_shape(cfg, 8, 32)  # the pool, not 4 x 160
+
+
+def test_samples_of_one_prompt_prefill_it_once(model):
+    """GRPO's shape: 4 samples of one 70-token prompt (and two other prompts). The first
+    prefills the prompt; the others wait one round and map its 2 full pages, so 3 x 64
+    positions are never computed; tokens and logprobs are the contiguous engine's."""
+    cfg, params = model
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 512, 70).tolist()
+    prompts = [base] * 4 + [base[:40] + [1, 2, 3], rng.integers(0, 512, 9).tolist()]
+    sps = [SamplingParams(temperature=1.0, max_new_tokens=30, seed=i) for i in range(len(prompts))]
+    contiguous = rollout.Engine(cfg, params, **KW).generate(prompts, sps)
+    eng = rollout.Engine(cfg, params, **PAGED)
+    outs = eng.generate(prompts, sps)
+    assert [o.tokens for o in outs] == [o.tokens for o in contiguous]
+    for a, b in zip(outs, contiguous):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)
+    st = eng.stats()
+    assert st["prefix_shared_tokens"] == 3 * 64
+    assert st["prefill_tokens"] + st["prefix_shared_tokens"] == sum(map(len, prompts))
+    assert st["kv_pages_free"] == st["kv_pages"]
+    # a multi-turn session on shared pages writes its next turn into pages of its own
+    sids = [eng.start(base, GREEDY.replace(max_new_tokens=5), multi_turn=True) for _ in range(2)]
+    firsts = [eng.wait(sid).tokens for sid in sids]
+    eng.append(sids[1], [7, 8, 9], then_resume=GREEDY.replace(max_new_tokens=5))
+    second = eng.wait(sids[1]).tokens
+    assert firsts[0] == firsts[1] == greedy_reference(cfg, params, [base], 5)[0]
+    assert second == greedy_reference(cfg, params, [base + firsts[1] + [7, 8, 9]], 5)[0]
+    eng.append(sids[0], [7, 8, 9], then_resume=GREEDY.replace(max_new_tokens=5))
+    assert eng.wait(sids[0]).tokens == second  # the other holder's cache was not touched
+    for sid in sids:
+        eng.release(sid)
+    assert eng.stats()["kv_pages_free"] == eng.stats()["kv_pages"]
 
 
 @pytest.mark.parametrize("sp", [SamplingParams(temperature=1.0, max_new_tokens=40, seed=1),
