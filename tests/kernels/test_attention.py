@@ -164,6 +164,24 @@ def test_ragged_decode_equals_the_reference_for_mixed_lengths_fp32():
     np.testing.assert_allclose(np.asarray(out), ragged_reference(*args, 0.25), atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_paged_ragged_decode_reads_the_same_positions_through_a_block_table(dtype):
+    """The same cache cut into pages of 128 and shuffled into a pool (plus pages nobody holds):
+    through the block table the kernel gives the contiguous kernel's output, fp32 and bf16."""
+    qg, ck, cv, k, v, write = (x.astype(dtype) if x.dtype == jnp.float32 else x for x in decode_inputs())
+    n, s, page = ck.shape[1], ck.shape[2], 128
+    cols = s // page
+    rng = np.random.default_rng(0)
+    pool_ids = rng.permutation(n * cols + 3)[: n * cols].reshape(n, cols)  # slot i's page j -> a pool page
+    to_pool = lambda c: jnp.zeros((3, n * cols + 3, page) + c.shape[3:], c.dtype).at[:, pool_ids.reshape(-1)].set(
+        c.reshape(3, n * cols, page, *c.shape[3:]))
+    table = jnp.asarray(pool_ids, jnp.int32).at[0, 1:].set(n * cols + 3)  # slot 0 (empty) holds one page
+    paged = ragged_decode.ragged_decode(qg, to_pool(ck), to_pool(cv), jnp.int32(LAYER), k, v, write, 0.25,
+                                        pages=table)
+    np.testing.assert_array_equal(np.asarray(paged, np.float32), np.asarray(ragged(qg, ck, cv, k, v, write, 0.25),
+                                                                              np.float32))
+
+
 def test_ragged_decode_in_bf16_and_as_the_models_decode_attention():
     """bf16 within 2e-3 of exact attention; and the model's cached attention (the XLA einsums
     over the same cache) gives the same outputs as the kernel."""
