@@ -43,7 +43,10 @@ VERSION = "1.1.0"  # bump when the feature layout changes: a resumed loader then
 _ROW = "_row"  # the whole normalised row as JSON: what TfdsSource decodes
 _WHERE = "_where"  # source file:line of the row, for error messages downstream
 COMPRESSION = "snappy"  # ArrayRecord's per-chunk compression of the shards (TFDS writes zstd:3)
-GROUP_SIZE = 1  # records per compressed chunk: a reader keeps ~8 bytes of index per chunk in memory
+# Records per compressed chunk: a reader keeps ~8 bytes of index per chunk in memory and
+# decompresses a whole chunk per random read. 4: ~2 bytes a record held, reads ~0.9-0.97x of
+# one-record chunks' speed (16: 0.5 bytes, 0.76x); BENCHMARKS.md, "Chunks of records".
+GROUP_SIZE = 4
 
 
 def _field_kind(field: schemas.Field) -> str:
@@ -165,8 +168,9 @@ def build_dataset(schema: schemas.Schema | str, name: str, splits: dict[str, str
 
 
 def _recompress(path: str, chunk: int = 4096) -> None:
-    """Rewrites one shard with `COMPRESSION`, record for record, in place (atomically). TFDS's
-    ArrayRecord writer hard-codes zstd, whose per-record decompression was half of a random read."""
+    """Rewrites one shard with `COMPRESSION` in chunks of `GROUP_SIZE` records, record for record,
+    in place (atomically). TFDS's ArrayRecord writer hard-codes zstd, whose per-record
+    decompression was half of a random read, and one record per chunk."""
     from array_record.python import array_record_module
     reader = array_record_module.ArrayRecordReader(path)
     tmp = path + ".recompress"

@@ -95,7 +95,7 @@ def test_open_rows_picks_the_reader_and_refuses_bad_specs(built, tmp_path):
         data.open_rows(paths["agent_rl"][1] + ":test", "agent_rl", data_dir=data_dir)
 
 
-def test_tfds_own_reader_sees_the_schema_features_and_shards_are_snappy(built):
+def test_tfds_own_reader_sees_the_schema_features_and_shards_are_snappy_chunks(built):
     import tensorflow_datasets as tfds
     from array_record.python import array_record_module
     data_dir, paths = built
@@ -107,8 +107,9 @@ def test_tfds_own_reader_sees_the_schema_features_and_shards_are_snappy(built):
         assert example["question"].decode() == ours[i]["question"]
         assert json.loads(example["trajectory"]) == ours[i]["trajectory"]
         assert float(example["score"]) == ours[i]["score"]
-    for path in ours._files:
-        assert "snappy" in array_record_module.ArrayRecordReader(path).writer_options_string()
+    for path in ours._files:  # chunks of GROUP_SIZE records: a reader's index is a quarter of one per record
+        options = array_record_module.ArrayRecordReader(path).writer_options_string()
+        assert "snappy" in options and f"group_size:{tfds_rows.GROUP_SIZE}," in options and tfds_rows.GROUP_SIZE == 4
 
 
 def test_a_dataset_of_another_layout_version_is_refused(built, tmp_path):
