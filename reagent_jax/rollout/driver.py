@@ -94,8 +94,12 @@ class Driver:
                 self._admit()
                 ready = len(self._prefill_q)
             rows = self._prefill_q[: min(ready, self.max_prefill_rows)]
-            if not ready and self._prefill_q and self._pages_deadlocked():
-                events += self._fail(list(self._prefill_q))
+            if not ready and self._prefill_q and self._pages is not None and self._nothing_runs():
+                # the head waits for pages that only queued turns hold: run those that can, out of order
+                rows = [s for s in self._prefill_q if self._pages.reserve(s.slot, self._turn_tokens(s))]
+                rows = rows[: self.max_prefill_rows]
+                if not rows:
+                    events += self._fail_deadlocked()
         worked = bool(rows)
         if rows:
             events += self._prefill(rows)
@@ -127,6 +131,7 @@ class Driver:
         return events, worked
 
     def _admit(self) -> None:
+        short = None  # the waiting turn that found no pages
         for i in range(self.num_slots):
             if self._slots[i] is None and self._waiting:
                 shared = 0
@@ -136,14 +141,14 @@ class Driver:
                     shared = self._pages.share_prefix(i, self._waiting[0].tokens)
                     if not self._pages.reserve(i, self._turn_tokens(self._waiting[0])):
                         self._pages.release(i)
+                        short = self._waiting[0]
                         continue  # this slot's data shard is short of pages; another shard may have some
                 s = self._waiting.popleft()
                 s.slot, s.state, s.cached = i, PREFILL, shared
                 self._stats["prefix_shared_tokens"] += shared
                 self._slots[i] = s
                 self._prefill_q.append(s)
-        if self._pages is not None and self._waiting and None in self._slots:
-            self._stats["page_waits"] += 1  # a free slot, but not the pages for the next turn
+        self._stats["page_waits"] += int(bool(self._waiting) and self._waiting[0] is short)  # a free slot, no pages
 
     # ---- a paged cache (`rollout.pages`) -------------------------------------------------------
     def _page_table(self, page_size: Optional[int], num_pages: Optional[int]) -> Optional[PageTable]:
@@ -169,17 +174,19 @@ class Driver:
         """Positions a turn may fill: its context plus what is left of its budget."""
         return min(self.max_len, len(s.tokens) + max(0, s.sampling.max_new_tokens - s.drawn))
 
-    def _pages_deadlocked(self) -> bool:
-        """Queued turns wait for pages that only they hold (none decodes, none is paused for its
-        caller to release): none can ever run. Ends them with an error naming the fix."""
-        if self._pages is None or any(s.state in (DECODE, PAUSED) for s in self._sessions.values()):
-            return False
+    def _nothing_runs(self) -> bool:
+        """No turn decodes and none is paused (whose caller could release its pages)."""
+        return not any(s.state in (DECODE, PAUSED) for s in self._sessions.values())
+
+    def _fail_deadlocked(self) -> list[Result]:
+        """Every queued turn waits for pages that only queued turns hold: none can ever run. They
+        end with an error naming the fix (and it is raised, unless raise_errors=False)."""
         self._last_error = (f"KV page pool exhausted: {len(self._prefill_q)} turn(s) wait for pages that only "
                             f"they hold ({self._pages.free_pages()} of {self._pages.num_pages} free); raise "
                             "kv_pages (rollout.kv_pages) or lower max_new_tokens")
         if self.raise_errors:
             self._call_error = RuntimeError(self._last_error)
-        return True
+        return self._fail(list(self._prefill_q))
 
     def _reserve_prefills(self) -> int:
         """Reserves the pages of queued prefills in order; how many of them have theirs (all of

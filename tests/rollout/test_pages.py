@@ -200,6 +200,26 @@ def test_turns_that_wait_for_each_others_pages_fail_loudly(model, raise_errors):
     assert eng.stats()["kv_pages_free"] == 6  # their pages went back
 
 
+def test_a_queued_turn_holding_its_pages_runs_before_a_blocked_head(model):
+    """Nothing decodes; the head of the queue needs pages that the turn behind it holds: that
+    turn runs out of order (rather than both waiting forever), and the head runs once its
+    caller releases it."""
+    cfg, params = model
+    a_prompt, b_prompt = prompts_of((12, 12), seed=8)
+    ref = rollout.Engine(cfg, params, **KW)
+    eng = rollout.Engine(cfg, params, **PAGED, kv_pages=6)
+    runs = {}
+    for e in (ref, eng):
+        a, b = (e.start(p, GREEDY.replace(max_new_tokens=30), multi_turn=True) for p in (a_prompt, b_prompt))
+        e.wait(a), e.wait(b)
+        e.append(a, [1, 2, 3], then_resume=GREEDY.replace(max_new_tokens=100))  # 145 positions: 5 pages, 2 free
+        e.append(b, [4, 5, 6], then_resume=GREEDY.replace(max_new_tokens=10))  # 55: the 2 pages it holds
+        second_b = e.wait(b).tokens
+        e.release(b)
+        runs[e is eng] = (second_b, e.wait(a).tokens)
+    assert runs[True] == runs[False] and len(runs[True][1]) == 100
+
+
 def test_a_turn_larger_than_the_pool_is_refused_at_once(model):
     cfg, params = model
     eng = rollout.Engine(cfg, params, **PAGED, kv_pages=4)
