@@ -145,10 +145,12 @@ class Driver:
                         continue  # this slot's data shard is short of pages; another shard may have some
                 s = self._waiting.popleft()
                 s.slot, s.state, s.cached = i, PREFILL, shared
-                self._stats["prefix_shared_tokens"] += shared
+                if self._pages is not None:
+                    self._stats["prefix_shared_tokens"] += shared
                 self._slots[i] = s
                 self._prefill_q.append(s)
-        self._stats["page_waits"] += int(bool(self._waiting) and self._waiting[0] is short)  # a free slot, no pages
+        if short is not None and self._waiting and self._waiting[0] is short:
+            self._stats["page_waits"] += 1  # a free slot, but not the pages for the next turn
 
     # ---- a paged cache (`rollout.pages`) -------------------------------------------------------
     def _page_table(self, page_size: Optional[int], num_pages: Optional[int]) -> Optional[PageTable]:
