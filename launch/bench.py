@@ -59,6 +59,8 @@ flags.DEFINE_enum("remat", None, ["none", "full", "dots_saveable", "dots_with_no
 flags.DEFINE_bool("baseline", True, "Also run the mode's baseline where it has one (transformers/torch; grpo_step: the "
                   "update with the rematerialised output head).")
 flags.DEFINE_string("json_out", None, "Write the JSON result here too.")
+flags.DEFINE_integer("group_size", 0, "data mode: records per compressed chunk of the ArrayRecord shards "
+                     "(0: the library's, tfds_rows.GROUP_SIZE).", lower_bound=0)
 flags.DEFINE_integer("samples", 8, "grpo_rollout mode: episodes per prompt (--batch prompts).", lower_bound=1)
 flags.DEFINE_integer("page_size", 64, "grpo_rollout mode: the paged engine's KV page size.", lower_bound=1)
 flags.DEFINE_string("checkpoint", "smollm2", "kv_dtype mode: an HF checkpoint directory or a GGUF name.")
@@ -109,7 +111,8 @@ def main(argv):
                                          **({"vocab_size": FLAGS.vocab_size} if FLAGS.vocab_size else {}))
     elif FLAGS.mode == "data":
         from reagent_jax.benchmarks import data as bench
-        result = bench.run(num_records=max(FLAGS.iters, 1000), reads=max(FLAGS.iters, 1000))
+        result = bench.run(num_records=max(FLAGS.iters, 1000), reads=max(FLAGS.iters, 1000),
+                           **({"group_size": FLAGS.group_size} if FLAGS.group_size else {}))
     elif FLAGS.mode == "grpo_rollout":
         from reagent_jax.benchmarks import paged as bench
         result = bench.grpo_rollout(cfg, questions=FLAGS.batch, n=FLAGS.samples, prompt_len=FLAGS.prompt_len,

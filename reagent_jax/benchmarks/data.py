@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 
 from reagent_jax.data.loader import make_loader
-from reagent_jax.data.tfds_rows import build_dataset, open_rows
+from reagent_jax.data.tfds_rows import GROUP_SIZE, build_dataset, open_rows
 
 
 def _rss() -> int:
@@ -55,9 +55,11 @@ def _rss_growth(name: str, path: str, spec: str, data_dir: str, order: np.ndarra
     return _rss() - rss0
 
 
-def run(num_records: int = 100_000, reads: int = 100_000, seed: int = 0, workers: tuple[int, ...] = (0, 2)) -> dict:
-    """Times opening and `reads` random reads of `num_records` GSM8K-sized agent_rl rows, then the
-    loader's throughput with each count of reader processes in `workers`."""
+def run(num_records: int = 100_000, reads: int = 100_000, seed: int = 0, workers: tuple[int, ...] = (0, 2),
+        group_size: int = GROUP_SIZE) -> dict:
+    """Times opening and `reads` random reads of `num_records` GSM8K-sized agent_rl rows (shards in
+    chunks of `group_size` records), then the loader's throughput with each count of reader
+    processes in `workers`."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "rows.jsonl")
         with open(path, "w") as f:
@@ -65,10 +67,11 @@ def run(num_records: int = 100_000, reads: int = 100_000, seed: int = 0, workers
                 f.write(json.dumps({"question": f"Question {i}: " + "word " * 40, "answer": [str(i)],
                                     "data_source": "gsm8k", "meta": {"solution": "step " * 30}}) + "\n")
         t0 = time.perf_counter()
-        spec = build_dataset("agent_rl", "bench", {"train": path}, data_dir=os.path.join(tmp, "tfds"))
+        spec = build_dataset("agent_rl", "bench", {"train": path}, data_dir=os.path.join(tmp, "tfds"),
+                             group_size=group_size)
         build_s = time.perf_counter() - t0
         order = np.random.default_rng(seed).integers(0, num_records, reads)
-        out = {"num_records": num_records, "reads": reads, "build_s": round(build_s, 2)}
+        out = {"num_records": num_records, "reads": reads, "group_size": group_size, "build_s": round(build_s, 2)}
         data_dir = os.path.join(tmp, "tfds")
         with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
             for name in ("jsonl", "array_record"):

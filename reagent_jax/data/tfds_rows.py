@@ -139,8 +139,9 @@ def _make_builder_class(schema: schemas.Schema):
 
 
 def build_dataset(schema: schemas.Schema | str, name: str, splits: dict[str, str | Sequence[str]], *,
-                  data_dir: str, overwrite: bool = False) -> str:
+                  data_dir: str, overwrite: bool = False, group_size: int = GROUP_SIZE) -> str:
     """Builds `reagent_<schema>/<name>` under `data_dir` from local files; returns its `tfds:` spec.
+    group_size: records per compressed chunk of the shards (`GROUP_SIZE`; the benchmark varies it).
 
     splits: split name -> JSONL/parquet path(s) (comma-separated or a list), e.g. {"train": "a.jsonl"}.
     An existing dataset of that name is an error unless `overwrite` (TFDS would silently keep it).
@@ -163,18 +164,18 @@ def build_dataset(schema: schemas.Schema | str, name: str, splits: dict[str, str
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(download_mode=mode) if mode else None)
     for split in builder.info.splits.values():
         for path in split.filepaths:
-            _recompress(os.fspath(path))
+            _recompress(os.fspath(path), group_size)
     return spec
 
 
-def _recompress(path: str, chunk: int = 4096) -> None:
-    """Rewrites one shard with `COMPRESSION` in chunks of `GROUP_SIZE` records, record for record,
+def _recompress(path: str, group_size: int = GROUP_SIZE, chunk: int = 4096) -> None:
+    """Rewrites one shard with `COMPRESSION` in chunks of `group_size` records, record for record,
     in place (atomically). TFDS's ArrayRecord writer hard-codes zstd, whose per-record
     decompression was half of a random read, and one record per chunk."""
     from array_record.python import array_record_module
     reader = array_record_module.ArrayRecordReader(path)
     tmp = path + ".recompress"
-    writer = array_record_module.ArrayRecordWriter(tmp, f"group_size:{GROUP_SIZE},{COMPRESSION}")
+    writer = array_record_module.ArrayRecordWriter(tmp, f"group_size:{group_size},{COMPRESSION}")
     written = False
     try:
         n = reader.num_records()

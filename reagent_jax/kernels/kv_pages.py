@@ -75,7 +75,7 @@ def _gather_local(pool: jax.Array, table: jax.Array, heads_major: bool) -> jax.A
 def _scatter_local(pool: jax.Array, window: jax.Array, table: jax.Array, heads_major: bool) -> jax.Array:
     """The inverse of `_gather_local`: the window's pages written to `table`'s ids (out-of-range
     ids dropped; a page id appears at most once in a table, so writes never collide)."""
-    b, n = table.shape
+    n = table.shape[1]
     page = pool.shape[3] if heads_major else pool.shape[2]
     if heads_major:
         pages = window.reshape(window.shape[:3] + (n, page, window.shape[-1]))  # [L, B, K, n, page, D]
