@@ -94,9 +94,11 @@ def local_ids(table: jax.Array, pages_per_shard: int, axes) -> jax.Array:
     return jnp.where((table >= lo) & (table < lo + pages_per_shard), table - lo, pages_per_shard)
 
 
-def _per_shard(fn, mesh: Optional[Mesh], rules: Rules, pool: jax.Array, table: jax.Array, *arrays):
+def _per_shard(fn, mesh: Optional[Mesh], rules: Rules, pool: jax.Array, table: jax.Array, *arrays,
+               axes_of: Optional[tuple] = None):
     """Runs fn(pool, table, *arrays) on each data shard with shard-local page ids, when the
-    slots and pages are split over data; otherwise on the whole arrays."""
+    slots and pages are split over data; otherwise on the whole arrays. axes_of: each array's
+    logical axes (default: the pool's, as for windows)."""
     shards = data_shards(mesh, rules, table.shape[0], pool.shape[1])
     if shards == 1:
         return fn(pool, table, *arrays)
@@ -105,7 +107,8 @@ def _per_shard(fn, mesh: Optional[Mesh], rules: Rules, pool: jax.Array, table: j
     table_spec = P(axes, None)
     per = pool.shape[1] // shards
     local = lambda p, t, *a: fn(p, local_ids(t, per, axes), *a)
-    specs = tuple(pool_spec for _ in arrays)  # windows and pools share the logical axes
+    specs = tuple(pool_spec if axes_of is None else logical_to_spec(names, a.shape, mesh, rules)
+                  for a, names in zip(arrays, axes_of or [None] * len(arrays)))
     return jax.shard_map(local, mesh=mesh, in_specs=(pool_spec, table_spec) + specs, out_specs=pool_spec,
                          check_vma=False)(pool, table, *arrays)
 
@@ -129,6 +132,22 @@ def scatter(pool: jax.Array, window: jax.Array, table: jax.Array, mesh: Optional
     if not per_shard:
         return _scatter_local(pool, window, table, heads_major)
     return _per_shard(lambda p, t, w: _scatter_local(p, w, t, heads_major), mesh, rules, pool, table, window)
+
+
+def write_tokens(pool: jax.Array, new: jax.Array, table: jax.Array, positions: jax.Array,
+                 mesh: Optional[Mesh] = None, rules: Rules = DEFAULT_RULES) -> jax.Array:
+    """Decode's write: new [L, N, 1, K, D] (one token per slot, slot i = table row i) into the
+    pool at each slot's `positions` [N]. Split over data, each shard writes its own slots into
+    its own pages: with global ids XLA cannot see that a slot's page is on its shard, and
+    all-gathered every step's new K/V (and the indices) over data before the scatter."""
+    page = page_size_of(pool, mesh)
+
+    def write(p, t, kv, pos):
+        rows, offset = write_slots(t, pos, page)
+        return kv_layout.write_new(p, kv, rows, offset[:, None], mesh)
+
+    new_axes = ("layers", "cache_batch", "cache_len", "kv_heads", "head_dim")  # [L, N, 1, K, D]
+    return _per_shard(write, mesh, rules, pool, table, new, positions, axes_of=(new_axes, ("cache_batch",)))
 
 
 def write_slots(table: jax.Array, positions: jax.Array, page_size: int) -> tuple[jax.Array, jax.Array]:

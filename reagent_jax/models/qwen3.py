@@ -200,13 +200,13 @@ class Qwen3(nn.Module):
         layer_ids = None if cache is None else jnp.arange(c.num_layers, dtype=jnp.int32)
         x, new_kv = self.layers(x, layer_ids, cache, positions, mask, write_index, slot_ids)  # new_kv: [l, b, t, k, d]
         if cache is not None:  # in-place scatters of the new K/V (the cache is donated)
-            rows = jnp.arange(tokens.shape[0]) if slot_ids is None else slot_ids
-            t_idx = write_index[:, None] + jnp.arange(tokens.shape[1])[None, :]  # [b, t]; OOB writes drop
-            if len(cache) == 3:  # a paged pool (one token per slot): the page and offset of each write
-                rows, offset = kv_pages.write_slots(cache[2], write_index, kv_pages.page_size_of(cache[0], self.mesh))
-                t_idx = offset[:, None]
-            cache = tuple(kv_layout.write_new(cc, nk, rows, t_idx, self.mesh)
-                          for cc, nk in zip(cache[:2], new_kv)) + tuple(cache[2:])
+            if len(cache) == 3:  # a paged pool (one token per slot), written shard by shard
+                cache = tuple(kv_pages.write_tokens(cc, nk, cache[2], write_index, self.mesh, self.rules)
+                              for cc, nk in zip(cache[:2], new_kv)) + (cache[2],)
+            else:
+                rows = jnp.arange(tokens.shape[0]) if slot_ids is None else slot_ids
+                t_idx = write_index[:, None] + jnp.arange(tokens.shape[1])[None, :]  # [b, t]; OOB writes drop
+                cache = tuple(kv_layout.write_new(cc, nk, rows, t_idx, self.mesh) for cc, nk in zip(cache, new_kv))
         h = self.final_norm(x)
         if return_hidden:
             return h, cache

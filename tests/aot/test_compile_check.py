@@ -174,8 +174,8 @@ def test_engine_programs_read_their_tensor_parallel_shard_and_copy_no_cache(tmp_
 def test_paged_engine_reads_its_pages_in_place(tmp_path):
     """A paged KV cache (`rollout.kv_page_size`): the pool (64 pages x 128 = half of 16 slots x
     2048) is what the programs hold, decode's ragged kernel reads each slot's pages where they
-    lie (no window gathered, no cache-sized copy), and mixed lengths still read within 1.3x of
-    the weights + live KV."""
+    lie (no window gathered, no cache-sized copy) and each shard writes its slots' new K/V into
+    its own pages, and mixed lengths still read within 1.3x of the weights + live KV."""
     _libtpu_or_skip()
     proc, report, hlo = _run("v5e:2x2", tmp_path, *ENGINE, "--config.rollout.kv_page_size=128",
                              "--config.rollout.kv_pages=64")
@@ -186,6 +186,10 @@ def test_paged_engine_reads_its_pages_in_place(tmp_path):
     assert 'custom_call_target="tpu_custom_call"' in (hlo / "rollout__decode.hlo.txt").read_text()
     assert decode["mixed_lengths"]["vs_min"] <= 1.3, decode["mixed_lengths"]
     assert decode["mixed_lengths"]["fits"] is False  # 16 slots of 128-2047 tokens need ~70 pages
+    # each data shard writes its own slots' new K/V into its own pages: nothing of them crosses a
+    # link (writing through global page ids all-gathered 135 KB of them per call); what is left
+    # is the sampler's few bytes, less than one layer's new K of the 16 slots (2 heads x 128 bf16)
+    assert decode["collective_bytes"]["all-gather"] < 16 * 2 * 128 * 2, decode["collective_bytes"]
     # the cache arguments: K and V pools of 2 layers x 64 x 128 positions x 2 heads x 128 bf16, over 4 chips
     pool = 2 * 2 * 64 * 128 * 2 * 128 * 2 / 4
     assert decode["argument_bytes"] == pytest.approx(decode["weight_bytes"] + pool, rel=0.02)
