@@ -181,20 +181,32 @@ def link_bytes(by_kind: dict[str, float]) -> float:
 def large_copies(hlo, min_bytes: float) -> list[tuple[str, float, int]]:
     """(name, bytes, executions) of `copy` ops whose result is at least `min_bytes` (a copy of a
     KV cache or a weight stack shows up here). Copies into or out of on-chip memory (TPU layouts
-    marked `S(1)`, VMEM: a `copy-start` type is (destination, source, context)) are left out:
-    that is the compiler staging an array that fits there and writing it back, not a second copy
-    in HBM; an array of a real model's size never fits."""
+    marked `S(1)`, VMEM: a `copy-start` type is (destination, source, context)) that keep the
+    layout are left out: that is the compiler staging an array that fits there and writing it
+    back, not a second copy in HBM (an array of a real model's size never fits). One that
+    changes the layout is a relayout, which a real model's array makes in HBM: it counts."""
     comps, entry = parse(hlo)
     out = []
     for ins, mult, types in _walk(comps, entry, into_fusions=False):
         if ins.op not in ("copy", "copy-start"):
             continue
         source = " ".join(types.get(n, "") for n in _operand_names(ins.args))
-        if not _ON_CHIP.search(ins.type) and not _ON_CHIP.search(source):
+        staged = _ON_CHIP.search(ins.type) or _ON_CHIP.search(source)
+        if not staged or _relayout(ins.type, source):
             size = shape_bytes(ins.type) / (2 if ins.op == "copy-start" else 1)
             if size >= min_bytes:
                 out.append((ins.name, size, mult))
     return out
+
+
+def _relayout(dest: str, source: str) -> bool:
+    """Whether a copy between these HLO types (their first arrays) changes the dimension order
+    or, where both name one, the tiling; the memory space (`S(1)`) is not layout."""
+    def layout(type_text):  # "{4,2,3,1,0:T(8,128)(2,1)S(1)}" -> ("4,2,3,1,0", "T(8,128)(2,1)")
+        m = re.search(r"\{([^}:]*):?([^}]*)\}", type_text)
+        return (m.group(1), re.sub(r"S\(\d+\)", "", m.group(2))) if m else ("", "")
+    (order_d, tiles_d), (order_s, tiles_s) = layout(dest), layout(source)
+    return order_d != order_s or bool(tiles_d and tiles_s and tiles_d != tiles_s)
 
 
 def _dims(type_text: str) -> list[int]:

@@ -15,12 +15,15 @@ the scatter and copied it for the kernel in every step (4 x 9.7 GB per call at 8
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import jax
+import numpy as np
 from jax.sharding import Mesh
 
 from reagent_jax.parallel.mesh import mesh_platform
+from reagent_jax.parallel.rules import DEFAULT_RULES, Rules, logical_to_spec
 
 HEADS_MAJOR = "lnksd"  # the order the CPU kernels read, whatever the table below says
 ORDERS = {"cpu": HEADS_MAJOR, "gpu": "lnskd", "tpu": "lnskd"}
@@ -63,10 +66,40 @@ def slots_axis(mesh: Optional[Mesh]) -> int:
     return order(mesh).index("n")
 
 
+def heads_per_device(shape: tuple[int, ...], mesh: Optional[Mesh], rules: Rules = DEFAULT_RULES) -> int:
+    """KV heads each device holds of a cache (or page pool) of this global shape."""
+    heads = shape[order(mesh).index("k")]
+    if mesh is None:
+        return heads
+    split = logical_to_spec(cache_axes(mesh), shape, mesh, rules)[order(mesh).index("k")]
+    names = () if split is None else (split,) if isinstance(split, str) else split
+    return heads // math.prod(mesh.shape[a] for a in names)
+
+
+def positions_minor(dtype, local_heads: int, platform: str) -> bool:
+    """True where XLA:TPU keeps a [.., S, K, D] cache of `dtype` with `local_heads` KV heads
+    per chip positions second-minor in memory (see the module note)."""
+    return platform == "tpu" and np.dtype(dtype).itemsize * local_heads < 4
+
+
+def is_positions_minor(cache: jax.Array, mesh: Optional[Mesh], rules: Rules = DEFAULT_RULES) -> bool:
+    """Whether this cache (or page pool; global shape) lies positions-minor in memory on
+    `mesh`, so that its readers address the `swap_heads_positions` view of it."""
+    return order(mesh) == "lnskd" and positions_minor(cache.dtype, heads_per_device(cache.shape, mesh, rules),
+                                                      mesh_platform(mesh))
+
+
+def swap_heads_positions(cache: jax.Array) -> jax.Array:
+    """[L, N, S, K, D] <-> [L, N, K, S, D]: of a positions-minor cache, the view of its memory
+    layout (XLA makes the transpose a bitcast)."""
+    return cache.transpose(0, 1, 3, 2, 4)
+
+
 def write_new(cache: jax.Array, new: jax.Array, rows: jax.Array, t_idx: jax.Array,
-              mesh: Optional[Mesh]) -> jax.Array:
+              mesh: Optional[Mesh], local_heads: Optional[int] = None) -> jax.Array:
     """cache [l, n, k, S, d] (CPU) or [l, n, S, k, d] (`order`) with new [l, b, t, k, d]
-    written at rows [b] x t_idx [b, t].
+    written at rows [b] x t_idx [b, t]. local_heads: the KV heads per device (default: all of
+    the cache's, as inside shard_map).
 
     On accelerators one scatter per layer: a single scatter of all layers ([b, t, l, k, d]
     windows) made XLA:TPU keep the cache in a layers-minor layout for it and copy the whole
@@ -76,6 +109,24 @@ def write_new(cache: jax.Array, new: jax.Array, rows: jax.Array, t_idx: jax.Arra
     if order(mesh) == "lnksd":  # CPU
         # cache[:, rows[b], :, t_idx[b, t]] is [b, t, l, k, d] (NumPy rules for split indices)
         return cache.at[:, rows[:, None], :, t_idx].set(new.transpose(1, 2, 0, 3, 4).astype(cache.dtype), mode="drop")
+    local_heads = cache.shape[3] if local_heads is None else local_heads
+    if positions_minor(cache.dtype, local_heads, mesh_platform(mesh)):
+        return _write_per_head(cache, new, rows, t_idx, local_heads)
     for layer in range(cache.shape[0]):  # cache[layer, rows[b], t_idx[b, t]] is [b, t, k, d]
         cache = cache.at[layer, rows[:, None], t_idx].set(new[layer].astype(cache.dtype), mode="drop")
     return cache
+
+
+def _write_per_head(cache: jax.Array, new: jax.Array, rows: jax.Array, t_idx: jax.Array, local_heads: int):
+    """A positions-minor cache: one scatter of [d] rows per layer and per head of a device (a
+    token's [k, d] window made XLA:TPU hold the cache heads-minor for the scatter and relay it
+    out around it). The heads axis is split [devices, local] so that the head index falls on
+    the device-local part (indexing the split axis itself moved the new K/V between chips)."""
+    l, n, s, k, d = cache.shape
+    split = cache.reshape(l, n, s, k // local_heads, local_heads, d)
+    new = new.reshape(new.shape[:3] + (k // local_heads, local_heads, d))
+    for layer in range(l):
+        for h in range(local_heads):  # split[layer, rows[b], t_idx[b, t], :, h] is [b, t, devices, d]
+            split = split.at[layer, rows[:, None], t_idx, :, h].set(new[layer, :, :, :, h].astype(cache.dtype),
+                                                                   mode="drop")
+    return split.reshape(cache.shape)

@@ -119,19 +119,25 @@ def gather(pool: jax.Array, table: jax.Array, mesh: Optional[Mesh] = None, rules
     table columns x page. per_shard: row i of the table is slot i, so each data shard gathers
     its own slots from its own pages (decode); False: rows of any slots (prefill), gathered
     across shards by XLA."""
-    heads_major = kv_layout.heads_major(mesh)
-    if not per_shard:
-        return _gather_local(pool, table, heads_major)
-    return _per_shard(lambda p, t: _gather_local(p, t, heads_major), mesh, rules, pool, table)
+    view, heads_major = _memory_view(pool, mesh, rules)
+    local = lambda p, t: view(_gather_local(view(p), t, heads_major))
+    return local(pool, table) if not per_shard else _per_shard(local, mesh, rules, pool, table)
 
 
 def scatter(pool: jax.Array, window: jax.Array, table: jax.Array, mesh: Optional[Mesh] = None,
             rules: Rules = DEFAULT_RULES, *, per_shard: bool = True) -> jax.Array:
     """Writes a `gather`ed window back into the pool's pages (the pool is donated by the caller)."""
-    heads_major = kv_layout.heads_major(mesh)
-    if not per_shard:
-        return _scatter_local(pool, window, table, heads_major)
-    return _per_shard(lambda p, t, w: _scatter_local(p, w, t, heads_major), mesh, rules, pool, table, window)
+    view, heads_major = _memory_view(pool, mesh, rules)
+    local = lambda p, t, w: view(_scatter_local(view(p), view(w), t, heads_major))
+    return local(pool, table, window) if not per_shard else _per_shard(local, mesh, rules, pool, table, window)
+
+
+def _memory_view(pool: jax.Array, mesh: Optional[Mesh], rules: Rules):
+    """(view, heads_major): a positions-minor pool (`kv_layout.is_positions_minor`) is gathered
+    and scattered through its [L, P, K, page, D] view, as it lies in memory."""
+    if kv_layout.is_positions_minor(pool, mesh, rules):
+        return kv_layout.swap_heads_positions, True
+    return (lambda x: x), kv_layout.heads_major(mesh)
 
 
 def write_tokens(pool: jax.Array, new: jax.Array, table: jax.Array, positions: jax.Array,
@@ -140,11 +146,11 @@ def write_tokens(pool: jax.Array, new: jax.Array, table: jax.Array, positions: j
     pool at each slot's `positions` [N]. Split over data, each shard writes its own slots into
     its own pages: with global ids XLA cannot see that a slot's page is on its shard, and
     all-gathered every step's new K/V (and the indices) over data before the scatter."""
-    page = page_size_of(pool, mesh)
+    page, heads = page_size_of(pool, mesh), kv_layout.heads_per_device(pool.shape, mesh, rules)
 
     def write(p, t, kv, pos):
         rows, offset = write_slots(t, pos, page)
-        return kv_layout.write_new(p, kv, rows, offset[:, None], mesh)
+        return kv_layout.write_new(p, kv, rows, offset[:, None], mesh, heads)
 
     new_axes = ("layers", "cache_batch", "cache_len", "kv_heads", "head_dim")  # [L, N, 1, K, D]
     return _per_shard(write, mesh, rules, pool, table, new, positions, axes_of=(new_axes, ("cache_batch",)))

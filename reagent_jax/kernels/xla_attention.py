@@ -123,8 +123,10 @@ def cached_attention(qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     (`kv_layout.write_new`), so a step never copies the cache."""
     dt = dtype
     t = qg.shape[1]
-    ck, cv = (jax.lax.dynamic_index_in_dim(c, layer, 0, keepdims=False) for c in (cache_k, cache_v))
     order = kv_layout.layer_order(mesh)  # e.g. "nksd" (CPU)
+    if kv_layout.is_positions_minor(cache_k, mesh):  # read as XLA:TPU lays it out
+        cache_k, cache_v, order = kv_layout.swap_heads_positions(cache_k), kv_layout.swap_heads_positions(cache_v), "nksd"
+    ck, cv = (jax.lax.dynamic_index_in_dim(c, layer, 0, keepdims=False) for c in (cache_k, cache_v))
     kv = order.replace("n", "b")
     if slot_ids is not None:
         rows = (slice(None),) * order.index("n") + (slot_ids,)

@@ -195,6 +195,26 @@ def test_paged_engine_reads_its_pages_in_place(tmp_path):
     assert decode["argument_bytes"] == pytest.approx(decode["weight_bytes"] + pool, rel=0.02)
 
 
+def test_an_fp8_cache_is_written_and_read_where_it_lies(tmp_path):
+    """An fp8 KV cache with 2 heads per chip, which XLA:TPU lays out positions second-minor:
+    the decode writes head by head and its kernel reads the [L, N, K, S, D] view, so no program
+    relays the cache out (addressed as [.., S, K, D] it was copied out and back in every decode
+    call); the programs hold half the bf16 cache. Contiguous and paged (whose prefill copies
+    are its rows' gathered windows, as in bf16: the XLA paged path)."""
+    _libtpu_or_skip()
+    heads = ["--config.model.num_kv_heads=4", "--config.rollout.kv_dtype=float8_e4m3fn"]
+    for paged in ([], ["--config.rollout.kv_page_size=128", "--config.rollout.kv_pages=64"]):
+        proc, report, _ = _run("v5e:2x2", tmp_path, *ENGINE, *heads, *paged)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        progs = {p["name"]: p for p in report["programs"]}
+        for p in progs.values() if not paged else [progs["rollout/decode"]]:
+            assert p["large_copies"] == [], (p["name"], p["large_copies"])
+        # K and V: 2 layers x (16 slots x 2048 | 64 pages x 128) x 4 heads x 128 x 1 byte, over 4 chips
+        cache = 2 * 2 * (64 * 128 if paged else 16 * 2048) * 4 * 128 / 4
+        decode = progs["rollout/decode"]
+        assert decode["argument_bytes"] == pytest.approx(decode["weight_bytes"] + cache, rel=0.02)
+
+
 def test_a_program_over_budget_fails_with_the_compilers_numbers(tmp_path):
     _libtpu_or_skip()
     proc, report, _ = _run("v5e:2x2", tmp_path, "--hbm_gib=0.001", "--only=grpo/train_step")
@@ -251,6 +271,9 @@ def test_hlo_statistics_count_loop_bodies_by_their_trip_counts():
     assert hlo_stats.link_bytes(by_kind) == sum(by_kind.values()) + by_kind["all-reduce"]
     # staging into VMEM (S(1)) and back is not a second copy in HBM: only `big` counts
     assert hlo_stats.large_copies(HLO, 10_000) == [("big", 64 * 64 * 4, 1)]
+    # ... unless it changes the layout on the way (a relayout: in HBM for a real model's array)
+    relaid = HLO.replace("%out = f32[64,64]{1,0:T(8,128)} copy(%vmem)", "%out = f32[64,64]{0,1:T(8,128)} copy(%vmem)")
+    assert {c[0] for c in hlo_stats.large_copies(relaid, 10_000)} == {"out", "big"}
     assert hlo_stats.shape_bytes("(bf16[2,3]{1,0}, s32[])") == 2 * 3 * 2 + 4
 
 

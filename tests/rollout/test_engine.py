@@ -408,14 +408,17 @@ def test_bf16_engine_runs_on_cpu(model):
         assert abs(a.logprobs[0] - b.logprobs[0]) < 0.5 and np.isfinite(a.logprobs).all()  # bf16 logits: ~0.2 off
 
 
-@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+@pytest.mark.parametrize("platform", ["gpu", "tpu", "tpu positions-minor"])
 def test_accelerator_cache_orders_give_the_same_tokens(model, monkeypatch, platform):
     """The accelerator KV-cache order [L, N, S, K, D] (`kernels.kv_layout`), run here on CPU by
     forcing it: with XLA attention (GPU) and with TPU's ragged decode kernel (Pallas interpret
-    mode). Prefill, fused decode and a multi-turn append give the greedy tokens of
-    models.forward, as the CPU order does."""
+    mode), also as XLA:TPU lays out a cache with few heads per chip (positions second-minor: a
+    scatter per head, the kernel reading the [L, N, K, S, D] view). Prefill, fused decode and a
+    multi-turn append give the greedy tokens of models.forward, as the CPU order does."""
     from reagent_jax.kernels import attention, kv_layout
+    platform, _, minor = platform.partition(" ")
     monkeypatch.setattr(kv_layout, "order", lambda mesh: kv_layout.ORDERS[platform])
+    monkeypatch.setattr(kv_layout, "positions_minor", lambda dtype, heads, on: bool(minor))
     if platform == "tpu":
         monkeypatch.setattr(attention, "choose_decode", lambda impl, mesh: "ragged")
     jax.clear_caches()  # the same shapes as the other case: trace again with this kernel choice

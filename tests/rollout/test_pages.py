@@ -65,9 +65,13 @@ def test_live_pages_are_shared_by_prompts_that_begin_with_them():
     assert t.reserve(0, 8) and t.share_prefix(1, a) == 0
 
 
-@pytest.mark.parametrize("order", ["lnksd", "lnskd"])
+@pytest.mark.parametrize("order", ["lnksd", "lnskd", "lnskd positions-minor"])
 def test_gather_and_scatter_are_the_block_table_in_numpy(monkeypatch, order):
+    """Both cache orders, and the accelerator order of a pool that XLA:TPU lays out positions
+    second-minor (gathered and scattered through its [L, P, K, page, D] view): the same values."""
+    order, _, minor = order.partition(" ")
     monkeypatch.setattr(kv_layout, "order", lambda mesh: order)
+    monkeypatch.setattr(kv_layout, "positions_minor", lambda dtype, heads, platform: bool(minor))
     rng = np.random.default_rng(0)
     L, P, page, K, D = 2, 5, 4, 3, 2
     pool = rng.normal(size=(L, P, page, K, D) if order == "lnskd" else (L, P, K, page, D)).astype(np.float32)
@@ -251,6 +255,12 @@ def test_ragged_kernel_reads_the_pages_in_place(model, monkeypatch):
     assert [o.tokens for o in fp8] == [o.tokens for o in fp8_xla]
     for a, b in zip(fp8, fp8_xla):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+    # as XLA:TPU lays out an fp8 pool with < 4 heads per chip: pages written head by head and
+    # read through the [L, P, K, page, D] view (kv_layout.positions_minor)
+    monkeypatch.setattr(kv_layout, "positions_minor", lambda dtype, heads, platform: True)
+    jax.clear_caches()
+    minor = rollout.Engine(cfg, params, **PAGED, kv_pages=10, cache_dtype="float8_e4m3fn").generate(prompts, sp)
+    assert [(o.tokens, o.logprobs) for o in minor] == [(o.tokens, o.logprobs) for o in fp8]
     jax.clear_caches()
 
 
