@@ -41,11 +41,6 @@ def heads_major(mesh: Optional[Mesh]) -> bool:
     return order(mesh) == HEADS_MAJOR
 
 
-def layer_order(mesh: Optional[Mesh]) -> str:
-    """One layer's slice of the cache, e.g. "nksd"."""
-    return order(mesh)[1:]
-
-
 def cache_axes(mesh: Optional[Mesh]) -> tuple[str, ...]:
     """Logical axis names of the cache on `mesh`'s devices."""
     return tuple(_LOGICAL[a] for a in order(mesh))
@@ -93,6 +88,15 @@ def swap_heads_positions(cache: jax.Array) -> jax.Array:
     """[L, N, S, K, D] <-> [L, N, K, S, D]: of a positions-minor cache, the view of its memory
     layout (XLA makes the transpose a bitcast)."""
     return cache.transpose(0, 1, 3, 2, 4)
+
+
+def memory_view(cache: jax.Array, mesh: Optional[Mesh], rules: Rules = DEFAULT_RULES):
+    """(view, its axis order): how readers index `cache` (or a page pool): through
+    `swap_heads_positions` ("lnksd") where it lies positions-minor, else as it is (`order`).
+    The view is its own inverse."""
+    if is_positions_minor(cache, mesh, rules):
+        return swap_heads_positions, HEADS_MAJOR
+    return (lambda c: c), order(mesh)
 
 
 def write_new(cache: jax.Array, new: jax.Array, rows: jax.Array, t_idx: jax.Array,

@@ -119,25 +119,17 @@ def gather(pool: jax.Array, table: jax.Array, mesh: Optional[Mesh] = None, rules
     table columns x page. per_shard: row i of the table is slot i, so each data shard gathers
     its own slots from its own pages (decode); False: rows of any slots (prefill), gathered
     across shards by XLA."""
-    view, heads_major = _memory_view(pool, mesh, rules)
-    local = lambda p, t: view(_gather_local(view(p), t, heads_major))
+    view, view_order = kv_layout.memory_view(pool, mesh, rules)
+    local = lambda p, t: view(_gather_local(view(p), t, view_order == kv_layout.HEADS_MAJOR))
     return local(pool, table) if not per_shard else _per_shard(local, mesh, rules, pool, table)
 
 
 def scatter(pool: jax.Array, window: jax.Array, table: jax.Array, mesh: Optional[Mesh] = None,
             rules: Rules = DEFAULT_RULES, *, per_shard: bool = True) -> jax.Array:
     """Writes a `gather`ed window back into the pool's pages (the pool is donated by the caller)."""
-    view, heads_major = _memory_view(pool, mesh, rules)
-    local = lambda p, t, w: view(_scatter_local(view(p), view(w), t, heads_major))
+    view, view_order = kv_layout.memory_view(pool, mesh, rules)
+    local = lambda p, t, w: view(_scatter_local(view(p), view(w), t, view_order == kv_layout.HEADS_MAJOR))
     return local(pool, table, window) if not per_shard else _per_shard(local, mesh, rules, pool, table, window)
-
-
-def _memory_view(pool: jax.Array, mesh: Optional[Mesh], rules: Rules):
-    """(view, heads_major): a positions-minor pool (`kv_layout.is_positions_minor`) is gathered
-    and scattered through its [L, P, K, page, D] view, as it lies in memory."""
-    if kv_layout.is_positions_minor(pool, mesh, rules):
-        return kv_layout.swap_heads_positions, True
-    return (lambda x: x), kv_layout.heads_major(mesh)
 
 
 def write_tokens(pool: jax.Array, new: jax.Array, table: jax.Array, positions: jax.Array,

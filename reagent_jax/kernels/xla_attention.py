@@ -123,9 +123,8 @@ def cached_attention(qg: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     (`kv_layout.write_new`), so a step never copies the cache."""
     dt = dtype
     t = qg.shape[1]
-    order = kv_layout.layer_order(mesh)  # e.g. "nksd" (CPU)
-    if kv_layout.is_positions_minor(cache_k, mesh):  # read as XLA:TPU lays it out
-        cache_k, cache_v, order = kv_layout.swap_heads_positions(cache_k), kv_layout.swap_heads_positions(cache_v), "nksd"
+    view, view_order = kv_layout.memory_view(cache_k, mesh)  # read as the cache lies in memory
+    cache_k, cache_v, order = view(cache_k), view(cache_v), view_order[1:]  # e.g. "nksd" (CPU)
     ck, cv = (jax.lax.dynamic_index_in_dim(c, layer, 0, keepdims=False) for c in (cache_k, cache_v))
     kv = order.replace("n", "b")
     if slot_ids is not None:

@@ -207,7 +207,8 @@ class Qwen3(nn.Module):
                 rows = jnp.arange(tokens.shape[0]) if slot_ids is None else slot_ids
                 t_idx = write_index[:, None] + jnp.arange(tokens.shape[1])[None, :]  # [b, t]; OOB writes drop
                 heads = kv_layout.heads_per_device(cache[0].shape, self.mesh, self.rules)
-                cache = tuple(kv_layout.write_new(cc, nk, rows, t_idx, self.mesh, heads) for cc, nk in zip(cache, new_kv))
+                cache = tuple(kv_layout.write_new(cc, nk, rows, t_idx, self.mesh, heads)
+                              for cc, nk in zip(cache, new_kv))
         h = self.final_norm(x)
         if return_hidden:
             return h, cache

@@ -119,11 +119,10 @@ def prefill(cfg: Qwen3Config, params, cache, tokens: jax.Array, write_index: jax
     paged cache (`kernels.kv_pages`; `cache` is then its page pool), None for a contiguous one.
     """
     if pages is None:  # a positions-minor cache is indexed through its memory layout's view
-        minor = kv_layout.is_positions_minor(cache[0], mesh, rules)
-        view = kv_layout.swap_heads_positions if minor else (lambda c: c)  # its own inverse
+        view, view_order = kv_layout.memory_view(cache[0], mesh, rules)
         window_of = [slice(None)] * 5
-        window_of[kv_layout.slots_axis(mesh)] = slot_ids
-        window_of[3 if minor else kv_layout.positions_axis(mesh)] = slice(0, window)
+        window_of[view_order.index("n")] = slot_ids
+        window_of[view_order.index("s")] = slice(0, window)
         window_of = tuple(window_of)  # one advanced index: the rows keep the cache's order, B for N
         read = lambda c: view(view(c).at[window_of].get(mode="fill", fill_value=0))
         write = lambda c, r: view(view(c).at[window_of].set(view(r), mode="drop"))

@@ -1,9 +1,9 @@
 """TPU decode attention that follows each slot's length: a Pallas kernel over the stacked KV
 cache [L, N, S, K, D] (`kv_layout`; read through its [L, N, K, S, D] view where XLA:TPU keeps
-it positions-minor, `kv_layout.positions_minor`) that walks each slot's positions in blocks and stops at that
-slot's own length (the block index is clamped there, so no block past it is fetched): bytes per
-step = the live KV, where XLA attention reads every slot's whole window. Off TPU it runs in
-interpret mode (tests only). Chosen by `kernels.attention.choose_decode`.
+it positions-minor, `kv_layout.is_positions_minor`) that walks each slot's positions in blocks
+and stops at that slot's own length (the block index is clamped there, so no block past it is
+fetched): bytes per step = the live KV, where XLA attention reads every slot's whole window. Off
+TPU it runs in interpret mode (tests only). Chosen by `kernels.attention.choose_decode`.
 """
 from __future__ import annotations
 
