@@ -17,13 +17,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.mesh = "single"               # a reagent_jax.parallel.MESH_PRESETS name
 
     # Task: the synthetic world (fictional entities; search + python questions).
-    # Level-1/2 questions over 8 entities: 720 distinct training questions (so SFT must learn to copy
-    # names and values rather than memorise trajectories); 80 unseen questions are held out.
-    c.world = ml_collections.ConfigDict(dict(seed=0, n_entities=8, n_questions=800, heldout_fraction=0.1,
+    # Level-1/2 questions over 12 entities: 1800 distinct training questions, so SFT's 8000
+    # demonstrations show each about 4 times (it must learn to copy names and values rather than
+    # memorise each question's answer); 200 unseen questions held out and all evaluated, so a run's own
+    # 95% interval of its SFT -> GRPO change is about +-0.06 (80 gave +-0.1; EXPERIMENTS.md, session 47).
+    c.world = ml_collections.ConfigDict(dict(seed=0, n_entities=12, n_questions=2000, heldout_fraction=0.1,
                                              level_weights=(0.5, 0.5, 0.0), search_topk=1,
                                              operators=("plus", "minus", "times")))
     # A compact BPE trained on the world's texts (the real Qwen3 tokenizer is used for real checkpoints);
-    # numbers of up to 4 digits become single tokens, so copying a value is one token, not four.
+    # numbers of up to 4 digits become single tokens, the same token after a space, a bracket or a
+    # brace, so copying a value into code or into \boxed{} is one identical token, not four.
     c.tokenizer = ml_collections.ConfigDict(dict(kind="compact", vocab_size=2048, path="", max_digits=4))
 
     # Model: a tiny Qwen3 (fp32 on CPU). `init_from` may be an HF dir or a reagent_jax params dir.
@@ -42,7 +45,7 @@ def get_config() -> ml_collections.ConfigDict:
     # instead of calling python. The tiny student cannot compute in its head, so after SFT it guesses
     # on the questions where it picks that habit; GRPO's reward teaches it to use the python tool, which
     # transfers to unseen questions (the SFT -> GRPO gain of the final table). Set 0 for an all-python SFT.
-    c.sft = ml_collections.ConfigDict(dict(steps=700, batch_size=8, micro_batches=1, learning_rate=6e-3,
+    c.sft = ml_collections.ConfigDict(dict(steps=1000, batch_size=8, micro_batches=1, learning_rate=6e-3,
                                            warmup_steps=20, max_len=768, context_loss_weight=1.0,
                                            by_hand_fraction=0.5, num_examples=0))
     c.grpo = ml_collections.ConfigDict(dict(
@@ -64,7 +67,7 @@ def get_config() -> ml_collections.ConfigDict:
         micro_batches=2, mini_batches=1, old_logprobs="rollout", drop_equal_reward_groups=True, mask_overlong=True,
         max_grad_norm=1.0))
 
-    c.eval = ml_collections.ConfigDict(dict(num_questions=80, n=1, max_turns=6, greedy=True, refinement=False,
+    c.eval = ml_collections.ConfigDict(dict(num_questions=200, n=1, max_turns=6, greedy=True, refinement=False,
                                             selective_below=0.5, rrm_items=40))
     c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
     return c

@@ -211,7 +211,11 @@ def test_compact_max_digits_keeps_numbers_whole_and_round_trips(tmp_path):
     texts = ["The population of Varel is 452. The founding year of Varel is 1302."] * 20 + ["print(452 + 1302)"] * 5
     tok = chat.build_compact_tokenizer(texts, vocab_size=400, max_digits=4)
     pieces = [tok.decode([i]) for i in tok.encode("Varel is 452 and 1302.", add_special_tokens=False)]
-    assert " 452" in pieces and " 1302" in pieces
+    assert "452" in pieces and "1302" in pieces
+    # A value is one and the same token after a space, a bracket, a brace or a newline, so copying it
+    # from a tool response into code or into \boxed{} is an identity copy.
+    ids = {tok.convert_tokens_to_ids(tok.tokenize(t))[-1] for t in (" 1302", "(1302", "{1302", "\n1302")}
+    assert ids == {tok.convert_tokens_to_ids("1302")}
     single = chat.build_compact_tokenizer(texts, vocab_size=400)  # Qwen3's split: one digit per token
     assert all(len(p.strip()) <= 1 for p in map(lambda i: single.decode([i]),
                                                   single.encode("452 1302", add_special_tokens=False)) if p.strip().isdigit())
