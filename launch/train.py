@@ -4,6 +4,8 @@ r"""Training entry point (absl flags + ml_collections config).
   python launch/train.py --config=configs/quickstart.py --workdir=/tmp/qs --config.grpo.steps=4
   python launch/train.py --config=configs/evalplanner_quickstart.py --workdir=/tmp/judge
   python launch/train.py --config=configs/quickstart.py --workdir=/tmp/qs_seeds --seeds=0,1,2
+  python launch/train.py --config=configs/quickstart.py --workdir=/tmp/qs_rrm --seeds=0,1,2 \
+      --strategies=grpo,reagent_r,reagent_u
 
 The config's `pipeline` field picks the pipeline (default: the agent pipeline, stages sft,grpo).
 Multi-host: set REAGENT_COORDINATOR / REAGENT_NUM_PROCESSES / REAGENT_PROCESS_ID (or
@@ -26,6 +28,11 @@ config_checks.define_config_file("config", None, "Path to an ml_collections conf
 flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, tokenizer, outputs).")
 flags.DEFINE_string("seeds", "", "Comma-separated seeds (e.g. 0,1,2): run once per seed in <workdir>/seed_<s>, then "
                     "<workdir>/seeds_summary.json with each gain's mean and 95% interval over the seeds.")
+flags.DEFINE_string("strategies", "", "Comma-separated GRPO strategies (e.g. grpo,reagent_r,reagent_u): each from the "
+                    "same SFT policy per seed, in <workdir>/<strategy>[/seed_<s>], then "
+                    "<workdir>/strategies_summary.json and strategies.png comparing them (with --seeds: over the seeds).")
+flags.DEFINE_bool("match_rollouts", True, "With --strategies: Reagent-U gets grpo.n/2 first attempts (plus their "
+                  "retries), so it generates no more episodes per question than the other strategies.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -39,6 +46,11 @@ def main(argv):
     if FLAGS.seeds:
         from reagent_jax.pipelines.seeds import parse_seeds
         config_checks.run_checked(lambda: parse_seeds(FLAGS.seeds))
+    if FLAGS.strategies:
+        from reagent_jax.pipelines import strategy_sweep
+        from reagent_jax.rrm.strategies import STRATEGIES
+        config_checks.run_checked(lambda: strategy_sweep.parse_strategies(FLAGS.strategies, list(STRATEGIES)))
+        config_checks.run_checked(lambda: strategy_sweep.check_sweep_config(config))
     import jax
     config_checks.run_checked(lambda: config_checks.check_train_config(config, FLAGS.workdir,
                                                                        num_devices=jax.device_count()))
@@ -79,7 +91,14 @@ def _pipeline_run(config):
 
 def _run_pipeline(config) -> None:
     run = _pipeline_run(config)
-    if FLAGS.seeds:
+    if FLAGS.strategies:
+        from reagent_jax.pipelines import seeds, strategy_sweep
+        from reagent_jax.rrm.strategies import STRATEGIES
+        strategy_sweep.run_strategies(run, config, FLAGS.workdir,
+                                      strategy_sweep.parse_strategies(FLAGS.strategies, list(STRATEGIES)),
+                                      seeds.parse_seeds(FLAGS.seeds) if FLAGS.seeds else [config.seed],
+                                      match_rollouts=FLAGS.match_rollouts)
+    elif FLAGS.seeds:
         from reagent_jax.pipelines import seeds
         seeds.run_seeds(run, config, FLAGS.workdir, seeds.parse_seeds(FLAGS.seeds))
     else:

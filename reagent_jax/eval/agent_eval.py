@@ -20,6 +20,7 @@ def evaluate_agent(loop, records: Sequence[dict], *, n: int = 1, greedy: bool = 
         "accuracy": float(scores.mean()),
         "pass_at_n": float((scores >= 1.0).any(axis=1).mean()),
         "question_scores": scores.mean(axis=1).tolist(),  # [records]: for paired comparisons
+        "trajectory_scores": scores.reshape(-1).tolist(),  # [records * n], in `trajectories` order
         "num_questions": len(records),
         "num_turns": float(np.mean([t.num_turns for t in trajs])),
         "tool_calls": float(np.mean([t.tool_stats.calls for t in trajs])),

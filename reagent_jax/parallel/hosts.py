@@ -29,6 +29,13 @@ def share(n: int, process_index: int | None = None, process_count: int | None = 
     return range(lo, lo + size + (p < extra))
 
 
+def barrier(name: str) -> None:
+    """Every process waits here until all arrive (e.g. after process 0 wrote files they all read)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
 def allgather_objects(obj: Any) -> list:
     """Every process's `obj` (picklable), in process order; a collective: all processes call it
     in the same order. One process: [obj]."""

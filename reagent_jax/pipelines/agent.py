@@ -213,8 +213,8 @@ def run(config, workdir: str) -> dict:
             log.info("%s: held-out accuracy %.3f", name, ev["accuracy"])
             if hosts.is_leader():  # every process has every trajectory; one writes them
                 with open(os.path.join(workdir, f"eval_{name}.jsonl"), "w") as f:
-                    for t in ev["trajectories"]:
-                        f.write(json.dumps(t.to_json()) + "\n")
+                    for t, score in zip(ev["trajectories"], ev["trajectory_scores"]):
+                        f.write(json.dumps({**t.to_json(), "score": score}) + "\n")
             return ev
 
         evaluate(start_from or ("init" if config.model.init_from else "random_init"))
@@ -269,5 +269,7 @@ def run(config, workdir: str) -> dict:
     return write_summary(workdir, rows, stages, time.perf_counter() - t_start, engine=engine.stats(),
                          comparisons=consecutive_comparisons(question_scores, seed=config.seed) + extra_comparisons,
                          kernels=kernels_report(cfg, ctx.mesh),
+                         # per held-out question, for comparisons across runs (`--strategies`)
+                         question_ids=[r.get("id") for r in heldout], question_scores=question_scores,
                          notes=[f"Agent-RRM on {describe_quality(name, q)}" for name, q in rrm_quality.items()],
                          **({"rrm": rrm_quality} if rrm_quality else {}))

@@ -143,7 +143,7 @@ def evaluate_refinement(loop, judge, records, *, greedy: bool = True, seed: int 
 STRATEGIES: Registry = Registry("strategy")  # config.strategy -> factory(judge, RRMConfig) -> a run_grpo strategy
 STRATEGIES.register("grpo", "reagent_c")(lambda judge, config: PlainGRPO())  # Reagent-C acts at inference only
 STRATEGIES.register("reagent_r")(ReagentR)
-STRATEGIES.register("reagent_u")(ReagentU)
+STRATEGIES.register("reagent_u", retries_in_group=True)(ReagentU)  # a group: n first attempts + retries
 
 
 def build(name: str, judge, config: RRMConfig = RRMConfig()):

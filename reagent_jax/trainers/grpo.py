@@ -178,6 +178,7 @@ def run_grpo(ctx, model_cfg, params, rollouts, records: list[dict], gcfg: GRPOCo
         gen_tokens = sum(t.response_length for t in trajs)
         m.update({"timing_s/gen": t_gen, "timing_s/sync_weights": t_sync, "perf/gen_tokens_per_s": gen_tokens / max(t_gen, 1e-9),
                   "batch/kept_frac": float(keep.mean()), "batch/zero_std_groups": float(adv.num_zero_std_groups),
+                  "batch/episodes": float(len(trajs)), "batch/groups": float(np.unique(np.asarray(groups)).size),
                   "critic/advantages/abs_mean": float(np.abs(np.asarray(adv.advantages)[keep]).mean()) if keep.any() else 0.0})
         rows = build_rows(trajs, np.asarray(adv.advantages), keep, gcfg.mask_overlong)
         if not rows:
