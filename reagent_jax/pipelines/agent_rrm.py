@@ -105,8 +105,14 @@ def refinement_report(ref: dict, records: Sequence[dict], workdir: str, *, refin
         comparisons.append({"before": ATTEMPT1, "after": name,
                             **paired_bootstrap(s1, selective, seed=seed).to_dict()})
     if hosts.is_leader():
+        retries = dict(zip(ref.get("refined_indices", ()), ref.get("refined", ())))
         with open(os.path.join(workdir, REFINEMENT_NAME), "w") as f:
-            for r, a, b, j in zip(records, s1, s2, ref["judgements"]):
-                f.write(json.dumps({"id": r.get("id"), "question": r["question"], "attempt1": float(a),
-                                    "rrm_score": j.score, "critique": j.critique, "attempt2": float(b)}) + "\n")
+            for i, (r, a, b, j) in enumerate(zip(records, s1, s2, ref["judgements"])):
+                row = {"id": r.get("id"), "question": r["question"], "attempt1": float(a),
+                       "rrm_score": j.score, "critique": j.critique, "attempt2": float(b)}
+                if i in retries:  # what the retry did: its own turns after the critique, and how it ended
+                    t = retries[i]
+                    row.update(attempt2_messages=t.messages[len(ref["first"][i].messages) + 1:],
+                               attempt2_finish_reason=t.finish_reason, attempt2_error=t.error)
+                f.write(json.dumps(row) + "\n")
     return rows, {ATTEMPT1: s1.tolist(), ATTEMPT2: s2.tolist()}, comparisons

@@ -137,6 +137,7 @@ def evaluate_refinement(loop, judge, records, *, greedy: bool = True, seed: int 
     return {"attempt1_accuracy": float(s1.mean()), "attempt2_accuracy": float(s2.mean()),
             "attempt1_scores": s1.tolist(), "attempt2_scores": s2.tolist(),  # [records]: paired comparison
             "refined_frac": len(todo) / max(1, len(first)), "first": first, "refined": refined,
+            "refined_indices": todo,  # refined[k] is the second attempt at records[refined_indices[k]]
             "judgements": js, **_judge_metrics(js)}
 
 

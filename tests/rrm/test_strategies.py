@@ -115,8 +115,13 @@ def test_selective_refinement_read_off_all_refined_attempts_equals_a_selective_r
     lines = [json.loads(line) for line in open(tmp_path / "refinement.jsonl")]
     assert [(line["attempt1"], line["rrm_score"], line["attempt2"]) for line in lines] == [
         (0.0, 0.2, 1.0), (0.0, 0.8, 1.0)] * 2 and all(line["critique"] for line in lines)
+    for line, retry in zip(lines, everything["refined"]):  # the retry's own turns, after the critique turn
+        assert line["attempt2_messages"] == retry.messages[-len(line["attempt2_messages"]):]
+        assert line["attempt2_messages"][0]["role"] == "assistant" and line["attempt2_finish_reason"] == "answer"
     rows, _, extra = refinement_report(selective, records, str(tmp_path), refine_below=0.5, selective_below=0.5)
     assert len(rows) == 2 and extra == []  # already selective: nothing to read off
+    lines = [json.loads(line) for line in open(tmp_path / "refinement.jsonl")]
+    assert ["attempt2_messages" in line for line in lines] == [True, False, True, False]  # only retried ones
 
 
 @pytest.mark.parametrize("text,target,want", [
