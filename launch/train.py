@@ -29,7 +29,7 @@ flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, token
 flags.DEFINE_string("seeds", "", "Comma-separated seeds (e.g. 0,1,2): run once per seed in <workdir>/seed_<s>, then "
                     "<workdir>/seeds_summary.json with each gain's mean and 95% interval over the seeds.")
 flags.DEFINE_string("strategies", "", "Comma-separated GRPO strategies (e.g. grpo,reagent_r,reagent_u): each from the "
-                    "same SFT policy per seed, in <workdir>/<strategy>[/seed_<s>], then "
+                    "same SFT policy (and trained RRM) per seed, in <workdir>/<strategy>/seed_<s>, then "
                     "<workdir>/strategies_summary.json and strategies.png comparing them (with --seeds: over the seeds).")
 flags.DEFINE_bool("match_rollouts", True, "With --strategies: Reagent-U gets grpo.n/2 first attempts (plus their "
                   "retries), so it generates no more episodes per question than the other strategies.")

@@ -3,9 +3,9 @@ rule-only GRPO bigger than the seed?
 
 `launch/train.py --strategies=grpo,reagent_r,reagent_u --seeds=0,1,2` runs, for each seed, the
 whole pipeline once for the first strategy (`<workdir>/<strategy>/seed_<s>`), then only the `grpo`
-stage of every other strategy, from a copy of that seed's finished SFT stage and tokenizer: the same
-starting policy, the same training questions in the same order, the same held-out questions. Each
-strategy's seeds are summarised as `--seeds` does (`<workdir>/<strategy>/seeds_summary.json`); then
+stage of every other strategy, from a copy of that seed's finished stages (SFT, and the RRM's when
+the judge is trained: `rrm_sft`, `rrm_grpo`) and tokenizer: the same starting policy and judge,
+the same training questions in the same order, the same held-out questions. Each strategy's seeds are summarised as `--seeds` does (`<workdir>/<strategy>/seeds_summary.json`); then
 `<workdir>/strategies_summary.json` and `strategies.png` hold, per strategy, the held-out accuracy per
 seed with its mean and Student-t interval, the share of groups with reward variance (the ones GRPO
 can learn from), episodes and wall time per step; and for every strategy against the first, the
@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 
 SUMMARY_NAME = "strategies_summary.json"
 PLOT_NAME = "strategies.png"
-SHARED = ("tokenizer", "sft/final")  # what the later strategies take from the first one's run
 
 
 def parse_strategies(text: str, known: Sequence[str]) -> list[str]:
@@ -73,12 +72,17 @@ def strategy_config(config, name: str, match_rollouts: bool = True):
     return c
 
 
-def share_stages(source: str, target: str) -> None:
-    """Copies the first strategy's tokenizer and finished SFT policy into `target` (once)."""
-    for rel in SHARED:
+def shared_stages(config) -> list[str]:
+    """The stages every strategy shares: all but `grpo` (SFT, and the RRM's when the judge is trained)."""
+    return [s.strip() for s in config.stages.split(",") if s.strip() and s.strip() != "grpo"]
+
+
+def share_stages(source: str, target: str, stages: Sequence[str]) -> None:
+    """Copies the first strategy's tokenizer and the final params of `stages` into `target` (once)."""
+    for rel in ("tokenizer", *(f"{stage}/final" for stage in stages)):
         src, dst = os.path.join(source, rel), os.path.join(target, rel)
         if not os.path.exists(src):
-            raise FileNotFoundError(f"{src} is missing: the first strategy's run did not finish its SFT stage")
+            raise FileNotFoundError(f"{src} is missing: the first strategy's run did not finish its stages")
         if not os.path.exists(dst):
             shutil.copytree(src, dst)
 
@@ -89,17 +93,17 @@ def run_strategies(run: Callable[[object, str], dict], config, workdir: str, str
     the first one's SFT policy; returns (and writes) the summary across strategies."""
     check_sweep_config(config)
     first = strategies[0]
-    shares_sft = "sft" in [s.strip() for s in config.stages.split(",")]
+    shared = shared_stages(config)
     results: dict[str, dict[int, dict]] = {}
     for name in strategies:
         base = os.path.join(workdir, name)
 
         def run_one(c, wd, name=name):
-            if name != first and shares_sft:
+            if name != first and shared:
                 if hosts.is_leader():
-                    share_stages(os.path.join(workdir, first, os.path.basename(wd)), wd)
+                    share_stages(os.path.join(workdir, first, os.path.basename(wd)), wd, shared)
                 hosts.barrier(f"strategies/{name}/{os.path.basename(wd)}")
-                c.stages = ",".join(s for s in c.stages.split(",") if s.strip() != "sft")
+                c.stages = "grpo"
             summary = run(c, wd)
             results.setdefault(name, {})[int(c.seed)] = {**summary, "metrics_dir": os.path.join(wd, "grpo")}
             return summary

@@ -25,7 +25,7 @@ def _sft_scores():
     return s
 
 
-def _fake_run(solved):
+def _fake_run(solved, shared_rrm=False):
     """An agent pipeline whose final policy solves `solved[(strategy, seed)]` more questions than
     SFT; it writes the files a real run writes (tokenizer, SFT policy, GRPO metrics)."""
     calls = []
@@ -34,11 +34,12 @@ def _fake_run(solved):
         stages = config.stages.split(",")
         calls.append((config.strategy, config.seed, config.stages, config.grpo.n, workdir))
         if "sft" in stages:
-            for rel in strategy_sweep.SHARED:
+            for rel in ("tokenizer", *(f"{s}/final" for s in stages if s != "grpo")):
                 os.makedirs(os.path.join(workdir, rel))
                 open(os.path.join(workdir, rel, "made_by"), "w").write(f"{config.strategy} seed {config.seed}")
-        else:  # the later strategies start from the first one's SFT policy
-            assert open(os.path.join(workdir, "sft/final/made_by")).read() == f"grpo seed {config.seed}"
+        else:  # the later strategies start from the first one's SFT policy (and trained judge)
+            for rel in ("tokenizer", "sft/final", *(("rrm_sft/final",) if shared_rrm else ())):
+                assert open(os.path.join(workdir, rel, "made_by")).read() == f"grpo seed {config.seed}"
         w = MetricsWriter(os.path.join(workdir, "grpo"), tensorboard=False)
         episodes = 8 * config.grpo.n * (2 if config.strategy == "reagent_u" else 1)
         for step in range(1, 4):
@@ -55,8 +56,8 @@ def _fake_run(solved):
     return run, calls
 
 
-def _config():
-    return ml_collections.ConfigDict(dict(seed=7, stages="sft,grpo", strategy="grpo", pipeline="agent",
+def _config(stages="sft,grpo"):
+    return ml_collections.ConfigDict(dict(seed=7, stages=stages, strategy="grpo", pipeline="agent",
                                           grpo=dict(n=8)))
 
 
@@ -96,6 +97,13 @@ def test_strategies_share_each_seeds_sft_policy_and_compare_paired_and_over_seed
     assert by_after["reagent_r"]["seeds_gaining"] == [0, 1] and by_after["reagent_u"]["seeds_losing"] == [1]
     printed = capsys.readouterr().out
     assert "grpo -> reagent_r: mean +0.150 [" in printed and "| reagent_u |" in printed
+
+
+def test_a_trained_judge_is_shared_too(tmp_path):
+    solved = {(name, 0): 1 for name in ("grpo", "reagent_r")}
+    run, calls = _fake_run(solved, shared_rrm=True)
+    strategy_sweep.run_strategies(run, _config("rrm_sft,sft,grpo"), str(tmp_path), ["grpo", "reagent_r"], [0])
+    assert [c[2] for c in calls] == ["rrm_sft,sft,grpo", "grpo"]  # the judge is trained once per seed
 
 
 def test_strategy_flags_are_checked_before_any_work(tmp_path):
