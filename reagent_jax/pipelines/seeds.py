@@ -78,12 +78,18 @@ def summarize_seeds(summaries: Mapping[int, dict]) -> dict:
         "policies": {name: {key: mean_ci(values).to_dict() for key, values in cols.items()}
                      for name, cols in policies.items()},
         "comparisons": [{"before": before, "after": after,
-                         **mean_ci([r["estimate"] for r in rows]).to_dict(),
-                         "per_seed": {r["seed"]: r["estimate"] for r in rows},
-                         "seeds_gaining": sorted(r["seed"] for r in rows if r["lo"] > 0),
-                         "seeds_losing": sorted(r["seed"] for r in rows if r["hi"] < 0)}
+                         **change_over_seeds({r["seed"]: r for r in rows}),
+                         "per_seed": {r["seed"]: r["estimate"] for r in rows}}
                         for (before, after), rows in changes.items()],
     }
+
+
+def change_over_seeds(per_seed: Mapping[int, Mapping]) -> dict:
+    """Per-seed paired changes (`estimate`, `lo`, `hi`) -> their mean with a t interval over the
+    seeds, and the seeds whose own interval shows a gain or a loss."""
+    return {**mean_ci([r["estimate"] for r in per_seed.values()]).to_dict(),
+            "seeds_gaining": sorted(s for s, r in per_seed.items() if r["lo"] > 0),
+            "seeds_losing": sorted(s for s, r in per_seed.items() if r["hi"] < 0)}
 
 
 def describe_seeds(out: dict) -> str:

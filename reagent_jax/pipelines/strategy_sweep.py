@@ -192,11 +192,8 @@ def summarize_strategies(results: Mapping[str, Mapping[int, Mapping]], strategie
                 raise ValueError(f"seed {seed}: {first} and {name} were evaluated on different held-out questions")
             per_seed[seed] = paired_bootstrap(a[2], b[2], seed=seed).to_dict()
         if per_seed:
-            comparisons.append({"before": first, "after": name,
-                                **mean_ci([r["estimate"] for r in per_seed.values()]).to_dict(),
-                                "per_seed": per_seed,
-                                "seeds_gaining": sorted(s for s, r in per_seed.items() if r["lo"] > 0),
-                                "seeds_losing": sorted(s for s, r in per_seed.items() if r["hi"] < 0)})
+            comparisons.append({"before": first, "after": name, **seeds_lib.change_over_seeds(per_seed),
+                                "per_seed": per_seed})
     return {"strategies": list(strategies), "baseline": first,
             "seeds": sorted({s for r in results.values() for s in r}),
             "per_strategy": per_strategy, "comparisons": comparisons}
