@@ -45,9 +45,11 @@ def get_config() -> ml_collections.ConfigDict:
     # instead of calling python. The tiny student cannot compute in its head, so after SFT it guesses
     # on the questions where it picks that habit; GRPO's reward teaches it to use the python tool, which
     # transfers to unseen questions (the SFT -> GRPO gain of the final table). Set 0 for an all-python SFT.
+    # critique_fraction: this share of the questions also gets a Reagent-C demonstration (an attempt out
+    # of the loss, the rule judge's critique, the expert's retry), so a policy can use a critique at all.
     c.sft = ml_collections.ConfigDict(dict(steps=1000, batch_size=8, micro_batches=1, learning_rate=6e-3,
                                            warmup_steps=20, max_len=768, context_loss_weight=1.0,
-                                           by_hand_fraction=0.5, num_examples=0))
+                                           by_hand_fraction=0.5, num_examples=0, critique_fraction=0.0))
     c.grpo = ml_collections.ConfigDict(dict(
         steps=10, questions_per_step=8, n=8, learning_rate=2e-4, warmup_steps=0, beta=0.0, kl_kind="k3",
         policy_loss="vanilla", fused_head=True, eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo",
@@ -55,9 +57,11 @@ def get_config() -> ml_collections.ConfigDict:
         micro_batches=2, mini_batches=1, old_logprobs="rollout", drop_equal_reward_groups=True, mask_overlong=False,
         max_grad_norm=1.0))
     # Agent-RRM (used when strategy != grpo). judge: rule (the synthetic world's annotator),
-    # local (a tiny RRM trained by the rrm_sft / rrm_grpo stages), remote (OpenAI-compatible).
+    # local (a tiny RRM trained by the rrm_sft / rrm_grpo stages), remote (OpenAI-compatible),
+    # evalplanner (a pairwise EvalPlanner judge from the run in judge_dir, for Reagent-R: group win rates).
     c.rrm = ml_collections.ConfigDict(dict(judge="rule", lam=0.3, refine_below=1.0, max_len=1536,
-                                           max_new_tokens=160, base_urls="", model=""))
+                                           max_new_tokens=160, base_urls="", model="", judge_dir="",
+                                           judge_format="plan_execute"))
     c.rrm_sft = ml_collections.ConfigDict(dict(steps=200, batch_size=8, micro_batches=1, learning_rate=3e-3,
                                                warmup_steps=20, max_len=1536))
     c.rrm_grpo = ml_collections.ConfigDict(dict(

@@ -41,7 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout = ml_collections.ConfigDict(dict(num_slots=16, max_len=1024, prefill_chunk=256, decode_steps=8, kv_page_size=0, kv_pages=0, kv_dtype=""))
     c.sft = ml_collections.ConfigDict(dict(steps=60, batch_size=4, micro_batches=1, learning_rate=2e-5,
                                            warmup_steps=5, max_len=768, context_loss_weight=0.0,
-                                           num_examples=240))
+                                           num_examples=240, critique_fraction=0.0))
     c.grpo = ml_collections.ConfigDict(dict(
         steps=8, questions_per_step=4, n=4, learning_rate=5e-6, warmup_steps=0, beta=0.0, kl_kind="k3",
         policy_loss="vanilla", fused_head=True, eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, advantage="grpo",
@@ -49,7 +49,8 @@ def get_config() -> ml_collections.ConfigDict:
         micro_batches=4, mini_batches=1, old_logprobs="rollout", drop_equal_reward_groups=True, mask_overlong=False,
         max_grad_norm=1.0))
     c.rrm = ml_collections.ConfigDict(dict(judge="rule", lam=0.3, refine_below=1.0, max_len=1280,
-                                           max_new_tokens=192, base_urls="", model=""))
+                                           max_new_tokens=192, base_urls="", model="", judge_dir="",
+                                           judge_format="plan_execute"))
     # Agent-RRM (`--config.stages=rrm_sft`): SmolLM2 learns the GSM8K rule annotator's judgements of
     # expert and flawed trajectories of the first num_examples training rows, then judges held-out ones.
     # (one row per micro-batch: 4 rows of 1152 tokens at once need over 22 GiB on the CPU)

@@ -7,7 +7,8 @@ each token comes from rendering growing prefixes of the conversation: message k'
 what follows `render(messages[:k], add_generation_prompt=True)` up to and including the template's
 end-of-turn token (e.g. `<|im_end|>`, `<|eot_id|>`); the template text after it (`\\n`) is mask 0.
 A token is trainable when its characters overlap a trainable span (transformers' own rule for
-`return_assistant_tokens_mask`).
+`return_assistant_tokens_mask`). A weight-0 assistant turn (see `render.py`) is one span from the
+end of the previous message to its own end, out of both the loss mask and the context mask.
 
 That needs a template that is *prefix-preserving*: appending a message never changes how earlier
 ones render. Most are (ChatML, SmolLM2, Llama 3, Qwen2.5). One that is not (e.g. one that drops
@@ -162,7 +163,8 @@ def text_convention(messages: Sequence[Message],
     for k, msg in enumerate(rest):
         i = k + offset
         if msg["role"] == "assistant":
-            out.append({"role": "assistant", "content": _assistant_text(msg, i)})
+            out.append({"role": "assistant", "content": _assistant_text(msg, i),
+                        **({"weight": msg["weight"]} if msg.get("weight") is not None else {})})
         elif msg["role"] == "tool":
             block = "<tool_response>\n" + qwen3_render._content(msg, i) + "\n</tool_response>"
             if k > 0 and rest[k - 1]["role"] == "tool":
@@ -183,8 +185,9 @@ def _template_messages(tok, messages, tools):
     return text_convention(messages, tools), None
 
 
-def _spans(tok, msgs, tools, kwargs, strict: bool) -> list[tuple[int, int]]:
-    """Character spans of the assistant turns' trainable text in the full rendering."""
+def _spans(tok, msgs, tools, kwargs, strict: bool) -> list[tuple[int, int, bool]]:
+    """Character spans (start, end, trained) of the assistant turns in the full rendering: a
+    trained turn's trainable text, or the whole text of a weight-0 turn (out of every loss)."""
     end = turn_grammar(tok).end_of_turn
     spans, prev = [], ""
     for k in range(1, len(msgs) + 1):
@@ -196,7 +199,9 @@ def _spans(tok, msgs, tools, kwargs, strict: bool) -> list[tuple[int, int]]:
                                  "render, so sampled tokens would differ from trained ones; use a "
                                  "training variant of the template (see reagent_jax.chat docs)")
             return spans
-        if msgs[k - 1]["role"] == "assistant":
+        if msgs[k - 1]["role"] == "assistant" and not qwen3_render.trained(msgs[k - 1]):
+            spans.append((len(prev), len(text), False))
+        elif msgs[k - 1]["role"] == "assistant":
             try:
                 head = _apply(tok, msgs[:k - 1], tools, add_generation_prompt=True, **kwargs)
             except Exception:  # noqa: BLE001 - a template that cannot render an empty history
@@ -204,16 +209,20 @@ def _spans(tok, msgs, tools, kwargs, strict: bool) -> list[tuple[int, int]]:
             if not (head.startswith(prev) and text.startswith(head)):
                 head = prev
             stop = text.rfind(end, len(head))
-            spans.append((len(head), stop + len(end) if stop >= 0 else len(text)))
+            spans.append((len(head), stop + len(end) if stop >= 0 else len(text), True))
         prev = text
     return spans
 
 
-def _tokenize(tok, text: str, spans: Sequence[tuple[int, int]]) -> Rendered:
+def _tokenize(tok, text: str, spans: Sequence[tuple[int, int, bool]]) -> Rendered:
     qwen3_render.check_unicode(text, "rendered text")
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    mask = [int(any(s < e_tok and b_tok < e for s, e in spans)) for b_tok, e_tok in enc["offset_mapping"]]
-    return Rendered(list(enc["input_ids"]), mask, text)
+    mask, context = [], []
+    for b_tok, e_tok in enc["offset_mapping"]:
+        hits = [kept for s, e, kept in spans if s < e_tok and b_tok < e]
+        mask.append(int(any(hits)))
+        context.append(int(not hits))
+    return Rendered(list(enc["input_ids"]), mask, text, context)
 
 
 def render(tok: PreTrainedTokenizerBase, messages: Sequence[Message],
@@ -245,8 +254,8 @@ def render_suffix(tok: PreTrainedTokenizerBase, new_messages: Sequence[Message],
         raise ValueError("the chat template renders earlier turns differently once messages "
                          "are appended; it cannot continue a conversation token by token")
     suffix = text[len(before):]
-    spans = [(s - len(before), e - len(before))
-             for s, e in _spans(tok, msgs, None, kwargs, strict=True) if s >= len(before)]
+    spans = [(s - len(before), e - len(before), kept)
+             for s, e, kept in _spans(tok, msgs, None, kwargs, strict=True) if s >= len(before)]
     return _tokenize(tok, suffix, spans)
 
 

@@ -7,6 +7,11 @@ tokens of an assistant turn (its `<think>` block, content, tool calls and closin
 0 on system, user and tool turns and on template tokens (`<|im_start|>assistant\\n`, the `\\n`
 after `<|im_end|>`, the generation prompt).
 
+Per-turn loss control (the OpenAI fine-tuning convention): an assistant message with `"weight": 0`
+renders exactly the same text, but none of its tokens is trainable, and its tokens are left out of
+`context_mask` too, so no loss ever reaches them. SFT demonstrations use it for a flawed first
+attempt that a critique then corrects: the model sees the attempt but is never taught to make it.
+
 Two rendering modes:
 
 * `mode="original"` (default) is the Qwen3 template exactly, what the model sees at inference
@@ -72,6 +77,7 @@ Mode = Literal["original", "train"]
 _ROLES = ("system", "user", "assistant", "tool")
 _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")  # transformers' aliases, in order
 _EMPTY_THINK = "<think>\n\n</think>\n\n"
+_HIDDEN = 2  # segment kind of a weight-0 assistant turn (0/False: context, 1/True: trained)
 _TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
                  "You are provided with function signatures within <tools></tools> XML tags:\n"
                  "<tools>")
@@ -85,8 +91,9 @@ class Rendered:
     """Token ids of a rendered conversation (or suffix) and who wrote each token."""
 
     ids: list[int]  # [T]
-    loss_mask: list[int]  # [T], 1 on tokens an assistant turn produced
+    loss_mask: list[int]  # [T], 1 on tokens an assistant turn produced (one not marked weight 0)
     text: str  # the rendered text (equals the Qwen3 template's output in mode="original")
+    context_mask: list[int]  # [T], 1 on every other token except those of weight-0 assistant turns
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -154,6 +161,23 @@ def _validate(messages: Sequence[Message]) -> None:
             raise ValueError(f"{_where(i, msg)}: {key} must be a string or None")
         if rc is not None:
             check_unicode(rc, f"{_where(i, msg)} {key}")
+        _check_weight(msg, i)
+
+
+def _check_weight(msg: Message, i: int) -> None:
+    """`weight` (OpenAI fine-tuning convention): 0 or 1, on assistant turns only."""
+    weight = msg.get("weight")
+    if weight is None:
+        return
+    if msg["role"] != "assistant":
+        raise ValueError(f"{_where(i, msg)}: weight applies to assistant turns only")
+    if isinstance(weight, bool) or weight not in (0, 1):
+        raise ValueError(f"{_where(i, msg)}: weight must be 0 (not trained) or 1, got {weight!r}")
+
+
+def trained(msg: Message) -> bool:
+    """Whether an assistant message's tokens are trained (`weight` absent, None or 1)."""
+    return msg.get("weight") != 0
 
 
 def _split_reasoning(msg: Message, content: str) -> tuple[str, str]:
@@ -238,6 +262,8 @@ def _assistant_segments(msg: Message, i: int, with_think: bool,
         segments.append((think, False))  # the non-thinking generation prompt wrote it
         think = ""
     segments += [(think + shown + tail + "<|im_end|>", True), ("\n", False)]
+    if not trained(msg):  # the whole turn, template tokens too, is out of every loss
+        segments = [(text, _HIDDEN) for text, _ in segments]
     return segments
 
 
@@ -304,19 +330,22 @@ def _generation_prompt(enable_thinking: bool) -> str:
     return "<|im_start|>assistant\n" + ("" if enable_thinking else _EMPTY_THINK)
 
 
-def _tokenize(tok: PreTrainedTokenizerBase, segments: list[tuple[str, bool]]) -> Rendered:
-    segments = [(text, trainable) for text, trainable in segments if text]
+def _tokenize(tok: PreTrainedTokenizerBase, segments: list[tuple[str, int]]) -> Rendered:
+    """Segments are (text, kind): False/0 context, True/1 trained, _HIDDEN a weight-0 turn."""
+    segments = [(text, kind) for text, kind in segments if text]
     for text, _ in segments:  # tools and tool-call arguments were not checked by _validate
         check_unicode(text, "rendered text (tools or tool-call arguments)")
     if not segments:
-        return Rendered([], [], "")
+        return Rendered([], [], "", [])
     encoded = tok([text for text, _ in segments], add_special_tokens=False)["input_ids"]
     ids: list[int] = []
     mask: list[int] = []
-    for seg_ids, (_, trainable) in zip(encoded, segments):
+    context: list[int] = []
+    for seg_ids, (_, kind) in zip(encoded, segments):
         ids += seg_ids
-        mask += [int(trainable)] * len(seg_ids)
-    return Rendered(ids, mask, "".join(text for text, _ in segments))
+        mask += [int(kind == 1)] * len(seg_ids)
+        context += [int(kind == 0)] * len(seg_ids)
+    return Rendered(ids, mask, "".join(text for text, _ in segments), context)
 
 
 def _check_mode(mode: str, enable_thinking: Any) -> None:

@@ -163,6 +163,10 @@ def messages(value: Any) -> list[dict]:
             msg.pop("tool_calls", None)
         if not isinstance(msg.get("reasoning_content", ""), str):
             raise RowError(f"[{i}].reasoning_content expected a string")
+        weight = msg.get("weight")  # OpenAI fine-tuning: 0 keeps an assistant turn out of the loss
+        if weight is not None and (msg["role"] != "assistant" or isinstance(weight, bool) or weight not in (0, 1)):
+            raise RowError(f"[{i}].weight must be 0 or 1 on an assistant message, got {weight!r} "
+                           f"(role {msg['role']!r})")
         out.append(msg)
     return out
 
@@ -221,8 +225,8 @@ class Schema:
 
 
 def _has_assistant_turn(row: dict) -> None:
-    if not any(m["role"] == "assistant" for m in row["messages"]):
-        raise RowError("field 'messages' has no assistant message to train on")
+    if not any(m["role"] == "assistant" and m.get("weight") != 0 for m in row["messages"]):
+        raise RowError("field 'messages' has no assistant message to train on (none without weight 0)")
 
 
 def _distinct_pair(row: dict) -> None:

@@ -22,6 +22,8 @@ import itertools
 from typing import Any, Mapping, Sequence
 
 from reagent_jax.evalplanner.judge import PairItem
+from reagent_jax.rrm.base import JudgeFailure, as_request, failed_judgement
+from reagent_jax.rrm.parser import Judgement, JudgementStats, JudgementStatus
 from reagent_jax.rrm.prompt import render_trajectory
 
 
@@ -54,6 +56,11 @@ class PairwiseJudgeReward:
 
     def score_groups(self, groups: Sequence[tuple[str, Sequence[Trajectory], Trajectory | None]]) -> list[list[float]]:
         """Scores of several groups with one batched judge call: items (question, trajectories, reference)."""
+        return self.score_groups_and_count(groups)[0]
+
+    def score_groups_and_count(self, groups: Sequence[tuple[str, Sequence[Trajectory], Trajectory | None]]
+                               ) -> tuple[list[list[float]], list[list[int]]]:
+        """`score_groups`, and per trajectory how many of its comparisons got a verdict."""
         jobs, items = [], []  # jobs: (group, i, j, i_first)
         texts = []
         for g, (question, trajectories, reference) in enumerate(groups):
@@ -76,9 +83,13 @@ class PairwiseJudgeReward:
             raise ValueError(f"PairwiseJudgeReward: the judge returned {len(chains)} judgements for {len(items)} "
                              "comparisons")
         outcome: dict[tuple[int, int, int], list[float]] = {}
+        decided: dict[tuple[int, int], int] = {}  # (group, trajectory) -> its comparisons with a verdict
         for (g, i, j, i_first), ch in zip(jobs, chains):
             win = 0.5 if ch.verdict not in ("A", "B") else float((ch.verdict == "A") == i_first)
             outcome.setdefault((g, i, j), []).append(win)  # i's result against j
+            if ch.verdict in ("A", "B"):
+                for k in (i, j):
+                    decided[(g, k)] = decided.get((g, k), 0) + 1
         scores = []
         for g, (t, _) in enumerate(texts):
             if len(t) == 0:
@@ -92,9 +103,37 @@ class PairwiseJudgeReward:
                 if j >= 0:
                     results[j].append(1.0 - w)
             scores.append([sum(r) / len(r) if r else 0.5 for r in results])
-        return scores
+        return scores, [[decided.get((g, i), 0) for i in range(len(t))] for g, (t, _) in enumerate(texts)]
 
     def score_group(self, question: str, trajectories_messages: Sequence[Trajectory],
                     reference: Trajectory | None = None) -> list[float]:
         """One score in [0, 1] per trajectory of the group (its win rate); see the module docstring."""
         return self.score_groups([(question, trajectories_messages, reference)])[0]
+
+
+class PairwiseRRM:
+    """A pairwise judge behind the Agent-RRM interface (`rrm.base.Judge.judge_many`), so Reagent-R
+    can use an EvalPlanner judge as its model reward. The items of one call that share a question
+    form a group (a GRPO group) scored by `PairwiseJudgeReward`; each Judgement's score is the
+    trajectory's win rate and its critique is empty (a pairwise judge writes none, so Reagent-C
+    and -U retries get the generic prompt). An item none of whose comparisons got a verdict is a
+    NO_REPLY failure with score 0.5 (counted in `stats`), never a silent tie; a question asked
+    once has nothing to be compared with and scores 0.5 (OK)."""
+
+    def __init__(self, reward: PairwiseJudgeReward):
+        self.reward, self.stats = reward, JudgementStats()
+
+    def judge_many(self, items: Sequence[Any]) -> list[Judgement]:
+        requests = [as_request(item, i) for i, item in enumerate(items)]
+        by_question: dict[str, list[int]] = {}
+        for i, r in enumerate(requests):
+            by_question.setdefault(r.question, []).append(i)
+        groups = [(q, [requests[i].trajectory for i in idx], None) for q, idx in by_question.items()]
+        scores, counts = self.reward.score_groups_and_count(groups)
+        out: list[Judgement] = [None] * len(requests)  # type: ignore[list-item]
+        for idx, group_scores, decided in zip(by_question.values(), scores, counts):
+            for i, score, n in zip(idx, group_scores, decided):
+                out[i] = (Judgement(think="", critique="", score=float(score), status=JudgementStatus.OK)
+                          if n or len(idx) == 1 else failed_judgement(0.5, JudgeFailure.NO_REPLY))
+        self.stats.update(out)
+        return out

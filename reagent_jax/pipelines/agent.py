@@ -21,13 +21,15 @@ import os
 import random
 import time
 
-from reagent_jax import data, worlds
+from reagent_jax import chat, checkpoint, data, worlds
 from reagent_jax.agent import tools
 from reagent_jax.agent.loop import AgentConfig, AgentLoop
 from reagent_jax.endpoints import EndpointConfig
 from reagent_jax.eval.agent_eval import evaluate_agent
 from reagent_jax.eval.judge_quality import describe_quality
 from reagent_jax.eval.statistics import consecutive_comparisons
+from reagent_jax.evalplanner.judge import EngineJudge, JudgeConfig
+from reagent_jax.evalplanner.reward import PairwiseJudgeReward, PairwiseRRM
 from reagent_jax.kernels.attention import kernels_report
 from reagent_jax.parallel import hosts
 from reagent_jax.pipelines import agent_rrm
@@ -40,7 +42,7 @@ from reagent_jax.rrm.remote import RemoteJudge
 from reagent_jax.rrm.strategies import evaluate_refinement
 from reagent_jax.trainers.grpo import run_grpo
 from reagent_jax.trainers.sft import render_examples, run_sft
-from reagent_jax.worlds import rrm_annotator
+from reagent_jax.worlds import critique_demos, rrm_annotator
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +60,45 @@ def build_registry(ctx):
 
 def sft_conversations(ctx, registry, loop, train_records) -> list[list[dict]]:
     """Expert trajectories of the synthetic world, the worked solutions of the training rows
-    (`data.sft_from="solutions"`: GSM8K-style calculator annotations), or `data.sft_path` rows."""
+    (`data.sft_from="solutions"`: GSM8K-style calculator annotations), or `data.sft_path` rows;
+    plus, for `sft.critique_fraction` of the world's questions or solution rows, a demonstration of
+    the Reagent-C conversation (`critique_conversations`)."""
     if ctx.world is not None:  # the first sft.num_examples questions (GRPO still sees them all)
-        return expert_conversations(ctx, registry, loop, ctx.world.train[:ctx.blocks["sft"].num_examples or None])
+        questions = ctx.world.train[:ctx.blocks["sft"].num_examples or None]
+        return expert_conversations(ctx, registry, loop, questions) + critique_conversations(
+            ctx, registry, loop, questions)
     if ctx.config.data.get("sft_from", "") == "solutions":
-        return solution_conversations(ctx, registry, loop, train_records)
+        convs = solution_conversations(ctx, registry, loop, train_records)
+        return convs + critique_conversations(ctx, registry, loop,
+                                              train_records[:ctx.blocks["sft"].num_examples or None])
+    if ctx.blocks["sft"].critique_fraction:
+        raise ValueError("sft.critique_fraction needs demonstrations it can build (the synthetic world or "
+                         "data.sft_from='solutions'); put attempt-critique-retry rows in data.sft_path instead, "
+                         "the first attempt's assistant turns with \"weight\": 0")
     if not ctx.config.data.sft_path:
         raise ValueError("the sft stage needs config.data.sft_path (agent SFT JSONL) without a synthetic world")
     rows = data.open_rows(ctx.config.data.sft_path, data.AGENT_SFT, data_dir=ctx.config.data.get("data_dir", "") or None)
     return [list(r["messages"]) for r in rows]
+
+
+def critique_conversations(ctx, registry, loop, items) -> list[list[dict]]:
+    """Attempt (out of the loss), the rule judge's critique, the expert's retry, for a seeded
+    `sft.critique_fraction` of `items` (world questions or solution rows): `worlds.critique_demos`."""
+    fraction = ctx.blocks["sft"].critique_fraction
+    if not fraction:
+        return []
+    rng = random.Random(f"{ctx.config.seed}/critique")  # apart from by_hand's draws: those stay as they were
+    chosen = [item for item in items if rng.random() < fraction]
+    real = worlds.RegistryTools(registry)
+    system = loop.config.system_prompt
+    if ctx.world is not None:
+        convs = [critique_demos.synthetic_critique_demonstration(ctx.world, q, rng, tools=real, system_prompt=system)
+                 for q in chosen]
+    else:
+        convs = [c for c in (critique_demos.gsm8k_critique_demonstration(r, real.python, rng, system_prompt=system)
+                             for r in chosen) if c is not None]
+    log.info("SFT: %d attempt-critique-retry demonstrations (sft.critique_fraction=%g)", len(convs), fraction)
+    return convs
 
 
 def expert_conversations(ctx, registry, loop: AgentLoop, questions) -> list[list[dict]]:
@@ -129,6 +161,39 @@ def remote_judge(ctx) -> RemoteJudge:
     """An Agent-RRM behind OpenAI-compatible endpoints (`rrm.base_urls`, `rrm.model`)."""
     r = ctx.config.rrm
     return RemoteJudge(EndpointConfig(base_urls=tuple(r.base_urls.split(",")), model=r.model or None))
+
+
+@JUDGES.register("evalplanner")
+def evalplanner_judge(ctx) -> PairwiseRRM:
+    """An EvalPlanner judge (`rrm.judge_dir`: a finished EvalPlanner run) as Reagent-R's model
+    reward: every pair of a GRPO group judged in both orders, score = win rate (`PairwiseRRM`)."""
+    r = ctx.config.rrm
+    final = latest_judge_dir(r.get("judge_dir", ""))
+    tok = chat.load_tokenizer(os.path.join(os.path.dirname(os.path.dirname(final)), "tokenizer"))
+    cfg, params = checkpoint.load_params(final, mesh=ctx.mesh)
+    ro = ctx.rollout
+    engine = Engine(cfg, params, num_slots=ro.num_slots, max_len=r.max_len, prefill_chunk=ro.prefill_chunk,
+                    decode_steps=ro.decode_steps, mesh=ctx.mesh, tokenizer=tok, seed=ctx.config.seed)
+    engine.start_background()
+    jcfg = JudgeConfig(format=r.get("judge_format", "plan_execute"), max_plan_tokens=r.max_new_tokens,
+                       max_execution_tokens=r.max_new_tokens)
+    log.info("rrm.judge=evalplanner: %s (%s, pairwise round robin in both orders)", final, jcfg.format)
+    return PairwiseRRM(PairwiseJudgeReward(EngineJudge(engine, tok, jcfg), seed=ctx.config.seed))
+
+
+def latest_judge_dir(workdir: str) -> str:
+    """The final params of an EvalPlanner run's last finished judge: DPO rounds, then SFT, then seed."""
+    if not workdir or not os.path.isdir(workdir):
+        raise ValueError(f"rrm.judge=evalplanner needs rrm.judge_dir, a finished EvalPlanner run's workdir "
+                         f"(python launch/train.py --config=configs/evalplanner_quickstart.py); got {workdir!r}")
+    rounds = sorted((int(n[len("judge_dpo_r"):]) for n in os.listdir(workdir)
+                     if n.startswith("judge_dpo_r") and n[len("judge_dpo_r"):].isdigit()), reverse=True)
+    for stage in [f"judge_dpo_r{k}" for k in rounds] + ["judge_sft", "judge_seed"]:
+        final = os.path.join(workdir, stage, "final")
+        if checkpoint.is_params_dir(final):
+            return final
+    raise ValueError(f"rrm.judge_dir={workdir!r} has no finished judge stage (judge_dpo_r<k>, judge_sft or "
+                     "judge_seed with a final/ checkpoint)")
 
 
 def make_judge(ctx):

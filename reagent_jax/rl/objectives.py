@@ -93,7 +93,8 @@ class SFTObjective:
     the agent must copy, so modelling them teaches copying several times faster. A pretrained
     checkpoint already copies; keep 0 there (plain agent SFT).
 
-    batch: tokens [B, T], attention_mask [B, T], loss_mask [B, T].
+    batch: tokens [B, T], attention_mask [B, T], loss_mask [B, T], optionally context_mask [B, T]
+    (which of the other tokens count as context; `chat.render` leaves weight-0 assistant turns out).
     """
     cfg: Qwen3Config
     chunk_size: int = 256
@@ -103,7 +104,8 @@ class SFTObjective:
     rules: Rules = DEFAULT_RULES
 
     def counts(self, batch):
-        _check_batch("SFT", batch, {k: [("B", "T")] for k in ("tokens", "attention_mask", "loss_mask")})
+        _check_batch("SFT", batch, {k: [("B", "T")] for k in ("tokens", "attention_mask", "loss_mask", "context_mask")},
+                     optional=("context_mask",))
         c = {"num_tokens": jnp.sum(batch["loss_mask"].astype(jnp.float32))}
         if self.context_weight:
             c["num_context"] = jnp.sum(self._context_mask(batch))
@@ -113,6 +115,8 @@ class SFTObjective:
     def _context_mask(batch):
         """Real, non-assistant tokens; the first token of a row has no prediction, so never context."""
         m = jnp.asarray(batch["attention_mask"], jnp.float32) * (1.0 - jnp.asarray(batch["loss_mask"], jnp.float32))
+        if "context_mask" in batch:
+            m = m * jnp.asarray(batch["context_mask"], jnp.float32)
         return m.at[:, 0].set(0.0)
 
     def loss(self, params, mb, counts):

@@ -42,14 +42,15 @@ class BatchStageConfig(Block):
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig(BatchStageConfig):
-    """config.sft / config.rrm_sft. The last two fields choose the agent pipeline's demonstrations."""
+    """config.sft / config.rrm_sft. The last three fields choose the agent pipeline's demonstrations."""
     context_loss_weight: float = 0.0  # also model tool responses and the prompt (random-init models)
     by_hand_fraction: float = 0.0     # expert demonstrations that compute in their text, not with python
     num_examples: int = 0             # demonstrations of the first N training questions; 0: all
+    critique_fraction: float = 0.0    # this share of the questions also gets an attempt-critique-retry demo
 
     def problems(self) -> list[Problem]:
         return (super().problems() + at_least(self, context_loss_weight=0.0, num_examples=0)
-                + in_range(self, "by_hand_fraction", 0.0, 1.0))
+                + in_range(self, "by_hand_fraction", 0.0, 1.0) + in_range(self, "critique_fraction", 0.0, 1.0))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,10 +29,12 @@ def default_buckets(max_len: int, smallest: int = 64, growth: float = 1.25, mult
 
 
 def pad_rows(rows: Sequence[dict[str, Sequence]], *, buckets: Sequence[int], batch_size: Optional[int] = None,
-             float_keys: Sequence[str] = ("old_logprobs", "ref_logprobs"), max_len: Optional[int] = None) -> dict:
+             float_keys: Sequence[str] = ("old_logprobs", "ref_logprobs"), int_keys: Sequence[str] = ("context_mask",),
+             max_len: Optional[int] = None) -> dict:
     """Right-pads per-sequence lists into [B, T] arrays (T = bucket of the longest row).
 
-    Each row has `tokens` and `loss_mask` and optionally per-token float lists (`float_keys`);
+    Each row has `tokens` and `loss_mask` and optionally per-token float lists (`float_keys`) or
+    int lists (`int_keys`, e.g. SFT's `context_mask`);
     scalar per-row values (e.g. `advantages`) are stacked. `attention_mask` is derived. Rows are
     truncated to `max_len` when given (their loss mask too). With `batch_size`, the batch is padded
     with empty rows (all masks 0) so the shape stays fixed; `row_mask` marks real rows.
@@ -51,10 +53,10 @@ def pad_rows(rows: Sequence[dict[str, Sequence]], *, buckets: Sequence[int], bat
         t = min(t, max_len)
     out = {"tokens": np.zeros((bsz, t), np.int32), "attention_mask": np.zeros((bsz, t), np.int32),
            "loss_mask": np.zeros((bsz, t), np.int32), "row_mask": np.zeros((bsz,), np.int32)}
-    per_token = [k for k in float_keys if k in rows[0]]
+    per_token = [k for k in (*float_keys, *int_keys) if k in rows[0]]
     scalars = [k for k, v in rows[0].items() if k not in ("tokens", "loss_mask", *per_token) and np.ndim(v) == 0]
     for k in per_token:
-        out[k] = np.zeros((bsz, t), np.float32)
+        out[k] = np.zeros((bsz, t), np.int32 if k in int_keys else np.float32)
     for k in scalars:
         out[k] = np.zeros((bsz,), np.float32)
     for i, r in enumerate(rows):

@@ -20,15 +20,16 @@ log = logging.getLogger(__name__)
 
 def render_examples(tokenizer, conversations: Sequence[list[dict]], tools: Optional[list] = None,
                     max_len: Optional[int] = None) -> list[dict]:
-    """Chat conversations -> {"tokens", "loss_mask"} rows (train-mode rendering); over-long
-    conversations are dropped with a counted warning rather than silently truncated."""
+    """Chat conversations -> {"tokens", "loss_mask", "context_mask"} rows (train-mode rendering);
+    over-long conversations are dropped with a counted warning rather than silently truncated.
+    `context_mask` leaves weight-0 assistant turns out of the context loss too (see `chat.render`)."""
     rows, dropped = [], 0
     for msgs in conversations:
         r = chat.render(tokenizer, msgs, tools=tools, mode="train")
         if max_len is not None and len(r.ids) > max_len:
             dropped += 1
             continue
-        rows.append({"tokens": list(r.ids), "loss_mask": list(r.loss_mask)})
+        rows.append({"tokens": list(r.ids), "loss_mask": list(r.loss_mask), "context_mask": list(r.context_mask)})
     if dropped:
         log.warning("SFT: dropped %d of %d conversations longer than max_len=%s", dropped, len(conversations), max_len)
     if not rows:

@@ -1,7 +1,8 @@
 """The synthetic worlds and scripted experts: the agent quickstart's world of fictional entities
 with its expert / flawed trajectories (synthetic.py, expert.py), expert trajectories from worked
 solutions (annotated.py: GSM8K calculator annotations), the rule-based Agent-RRM annotator
-(rrm_annotator.py) and EvalPlanner's pairwise task with its scripted teacher (pairwise.py).
+(rrm_annotator.py), Reagent-C demonstrations of attempt, critique and retry (critique_demos.py)
+and EvalPlanner's pairwise task with its scripted teacher (pairwise.py).
 This package sits above `agent`, `rrm` and `evalplanner`, whose data it makes."""
 
 from reagent_jax.worlds.annotated import SOLVER_SYSTEM_PROMPT, annotated_trajectory

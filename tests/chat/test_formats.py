@@ -226,3 +226,58 @@ def test_load_tokenizer_takes_a_model_tokenizer_and_refuses_one_without_template
     (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
     with pytest.raises(ValueError, match="no chat template"):
         chat.load_tokenizer(tmp_path)
+
+
+# ---- per-turn loss control: "weight": 0 (the OpenAI fine-tuning convention) ----------------------
+
+CRITIQUED = [  # a first attempt (weight 0), a critique, the retry: what Reagent-C SFT demonstrations look like
+    {"role": "system", "content": "Use the tools."}, {"role": "user", "content": "What is 17*23?"},
+    {"role": "assistant", "content": "Let me compute.", "tool_calls": [call("print(17+23)")], "weight": 0},
+    {"role": "tool", "content": "40"},
+    {"role": "assistant", "content": "The answer is \\boxed{40}.", "weight": 0},
+    {"role": "user", "content": "A reviewer says: your code adds instead of multiplying. Try again."},
+    {"role": "assistant", "content": "Let me multiply.", "tool_calls": [call("print(17*23)")], "weight": 1},
+    {"role": "tool", "content": "391"},
+    {"role": "assistant", "content": "The answer is \\boxed{391}."}]
+
+
+@pytest.fixture(scope="module", params=["qwen3", "smollm2", "llama3", "native_tools"])
+def any_tok(request, smol_tok, llama3_tok, tools_tok):
+    return {"qwen3": chat.load_tokenizer(None), "smollm2": smol_tok, "llama3": llama3_tok,
+            "native_tools": tools_tok}[request.param]
+
+
+@pytest.mark.parametrize("mode", ["original", "train"])
+def test_weight_zero_turns_render_the_same_text_and_are_out_of_every_loss(any_tok, mode):
+    plain = [{k: v for k, v in m.items() if k != "weight"} for m in CRITIQUED]
+    full, weighted = chat.render(any_tok, plain, mode=mode), chat.render(any_tok, CRITIQUED, mode=mode)
+    assert weighted.ids == full.ids and weighted.text == full.text  # the model sees the same conversation
+    assert full.context_mask == [1 - m for m in full.loss_mask]  # without weights: every other token
+    trained = _assistant_texts(any_tok, weighted)
+    assert trained == _assistant_texts(any_tok, full)[2:]  # the two weight-0 turns lost their mask, nothing else
+    hidden = [i for i, (m, c) in enumerate(zip(weighted.loss_mask, weighted.context_mask)) if not (m or c)]
+    assert not any(m and c for m, c in zip(weighted.loss_mask, weighted.context_mask))
+    text = any_tok.decode([weighted.ids[i] for i in hidden])
+    assert "17+23" in text and "\\boxed{40}" in text  # the first attempt is hidden ...
+    assert "17*23)" not in text and "391" not in text and "reviewer" not in text  # ... and only it
+
+
+def test_weight_zero_turns_stay_out_of_the_loss_through_render_suffix(any_tok):
+    """The train-mode rendering is prefix-preserving with weights too (the agent loop's suffixes)."""
+    whole = chat.render(any_tok, CRITIQUED, mode="train")
+    head = chat.render(any_tok, CRITIQUED[:5], mode="train")
+    assert whole.ids[:len(head.ids)] == head.ids
+    assert whole.loss_mask[:len(head.ids)] == head.loss_mask == [0] * len(head.ids)
+    assert whole.context_mask[:len(head.ids)] == head.context_mask
+
+
+@pytest.mark.parametrize("weight,match", [(2, "weight must be 0"), (True, "weight must be 0"), ("0", "weight must be 0"),
+                                          (0.5, "weight must be 0")])
+def test_bad_weights_are_named(any_tok, weight, match):
+    with pytest.raises(ValueError, match=match):
+        chat.render(any_tok, [CRITIQUED[1], {"role": "assistant", "content": "x", "weight": weight}])
+
+
+def test_weight_on_a_non_assistant_turn_is_refused(any_tok):
+    with pytest.raises(ValueError, match=r"messages\[0\] \(role 'user'\): weight applies to assistant turns only"):
+        chat.render(any_tok, [{**CRITIQUED[1], "weight": 0}])

@@ -81,7 +81,17 @@ def test_messages_normalisation_and_errors():
             {"function": {"name": "search", "arguments": "{not json"}}]}]}, "[0].tool_calls arguments are not valid JSON"),
         ({"messages": [{"role": "assistant", "content": "x"}], "tools": [{"function": "search"}]},
          "field 'tools' [0] expected a tool schema"),
+        ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "x", "weight": 0}]},
+         "no assistant message to train on"),
+        ({"messages": [{"role": "user", "content": "q", "weight": 0}, {"role": "assistant", "content": "x"}]},
+         "[0].weight must be 0 or 1 on an assistant message"),
+        ({"messages": [{"role": "assistant", "content": "x", "weight": 0.5}]}, "[0].weight must be 0 or 1"),
     ]
+    kept = AGENT_SFT.validate({"messages": [{"role": "user", "content": "q"},
+                                            {"role": "assistant", "content": "x", "weight": 0},
+                                            {"role": "user", "content": "again"},
+                                            {"role": "assistant", "content": "y", "weight": 1}]})
+    assert [m.get("weight") for m in kept["messages"]] == [None, 0, None, 1]  # reaches the renderer
     for row, message in bad:
         with pytest.raises(RowError) as e:
             AGENT_SFT.validate(row)

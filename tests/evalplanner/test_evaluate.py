@@ -120,3 +120,37 @@ def test_reward_both_orders_cancel_position_bias_and_reference_mode():
         rm.score_group("q", ["good", "bad"])
     groups = rm.score_groups([("q1", ["bad", "good"], "ref"), ("q2", [], "ref")])
     assert groups == [pytest.approx([0.5, 1.0]), []]  # "bad" vs "ref": neither reads good -> tie
+
+
+def test_pairwise_rrm_scores_each_question_group_for_reagent_r():
+    """PairwiseRRM: the Agent-RRM interface over a pairwise judge; items sharing a question form a
+    group (interleaved is fine), a group's scores equal PairwiseJudgeReward's, and an item with no
+    verdict at all is a counted failure, not a silent tie."""
+    from reagent_jax.evalplanner.reward import PairwiseRRM
+    from reagent_jax.rrm.base import Judge, JudgeFailure, JudgeRequest
+    from reagent_jax.rrm.parser import JudgementStatus
+
+    def traj(text):
+        return [{"role": "user", "content": "q"}, {"role": "assistant", "content": text}]
+
+    rm = PairwiseRRM(PairwiseJudgeReward(KeywordJudge()))
+    assert isinstance(rm, Judge)
+    items = [JudgeRequest("q1", traj("a good answer")), JudgeRequest("q2", traj("nope")),
+             JudgeRequest("q1", traj("wrong")), JudgeRequest("q2", traj("good")), JudgeRequest("q3", traj("alone"))]
+    out = rm.judge_many(items)
+    expected = PairwiseJudgeReward(KeywordJudge()).score_groups(
+        [("q1", [traj("a good answer"), traj("wrong")], None), ("q2", [traj("nope"), traj("good")], None)])
+    assert [j.score for j in out[:4]] == pytest.approx([expected[0][0], expected[1][0], expected[0][1], expected[1][1]])
+    assert [j.score for j in out[:4]] == pytest.approx([1.0, 0.0, 0.0, 1.0])
+    assert out[4].score == 0.5 and out[4].status == JudgementStatus.OK  # nothing to compare a lone answer with
+    assert all(j.critique == "" for j in out)
+
+    judge = PairwiseRRM(PairwiseJudgeReward(KeywordJudge()))
+    mixed = judge.judge_many([JudgeRequest("q", traj("x")), JudgeRequest("q", traj("y")),
+                              JudgeRequest("q", traj("a good one"))])
+    assert [j.score for j in mixed] == pytest.approx([0.25, 0.25, 1.0]) and all(j.ok for j in mixed)
+    undecided = judge.judge_many([JudgeRequest("q", traj("x")), JudgeRequest("q", traj("y"))])  # no verdict at all
+    assert [(j.status, j.score) for j in undecided] == [(JudgeFailure.NO_REPLY, 0.5)] * 2
+    assert judge.stats.total == 5 and judge.stats.fraction(JudgeFailure.NO_REPLY.value) == 2 / 5
+    with pytest.raises(ValueError, match="judge item 0"):
+        rm.judge_many([("", traj("x"))])

@@ -11,10 +11,11 @@ from reagent_jax.pipelines import agent as agent_pipeline
 from reagent_jax.rl.stage_config import SFTConfig
 
 
-def _conversations(tmp_path, fraction: float, seed: int = 0, num_examples: int = 0):
+def _conversations(tmp_path, fraction: float, seed: int = 0, num_examples: int = 0, critique_fraction: float = 0.0):
     world = worlds.make_world(seed=2, n_entities=8, n_questions=120, level_weights=(0.0, 1.0, 0.0), search_topk=1)
     config = ml_collections.ConfigDict(dict(seed=seed, agent=dict(tools="search,python")))
-    sft = SFTConfig(steps=1, batch_size=1, learning_rate=0.0, by_hand_fraction=fraction, num_examples=num_examples)
+    sft = SFTConfig(steps=1, batch_size=1, learning_rate=0.0, by_hand_fraction=fraction, num_examples=num_examples,
+                    critique_fraction=critique_fraction)
     ctx = types.SimpleNamespace(world=world, config=config, workdir=str(tmp_path), blocks={"sft": sft})
     loop = types.SimpleNamespace(config=types.SimpleNamespace(system_prompt="You are an agent."))
     registry = agent_pipeline.build_registry(ctx)
@@ -40,6 +41,29 @@ def test_num_examples_demonstrates_the_first_training_questions_only(tmp_path):
     questions, convs = _conversations(tmp_path, 0.0, num_examples=10)
     assert len(questions) > 10 and len(convs) == 10
     assert [c[1]["content"] for c in convs] == [q.question for q in questions[:10]]
+
+
+def test_critique_fraction_adds_reagent_c_demonstrations_after_the_expert_ones(tmp_path):
+    questions, plain = _conversations(tmp_path, 0.5)
+    _, convs = _conversations(tmp_path, 0.5, critique_fraction=0.25)
+    assert convs[:len(plain)] == plain  # the expert demonstrations (and their by-hand mix) are unchanged
+    extra = convs[len(plain):]
+    assert 0.15 * len(questions) < len(extra) < 0.35 * len(questions)
+    for conv in extra:  # the first attempt out of the loss, then the critique, then a trained retry
+        k = next(i for i, m in enumerate(conv) if m["role"] == "user" and i > 1)
+        assert conv[k]["content"].startswith("A reviewer examined your attempt")
+        assert all(m.get("weight") == 0 for m in conv[:k] if m["role"] == "assistant")
+        assert all("weight" not in m for m in conv[k:])
+    assert _conversations(tmp_path, 0.5, critique_fraction=0.25)[1] == convs  # seeded
+    assert _conversations(tmp_path, 0.5, seed=1, critique_fraction=0.25)[1][len(plain):] != extra
+
+
+def test_critique_fraction_without_demonstrations_to_build_is_refused(tmp_path):
+    sft = SFTConfig(steps=1, batch_size=1, learning_rate=0.0, critique_fraction=0.2)
+    config = ml_collections.ConfigDict(dict(seed=0, data=dict(sft_path="rows.jsonl", sft_from="")))
+    ctx = types.SimpleNamespace(world=None, config=config, workdir=str(tmp_path), blocks={"sft": sft})
+    with pytest.raises(ValueError, match='sft.critique_fraction needs demonstrations it can build'):
+        agent_pipeline.sft_conversations(ctx, None, None, [])
 
 
 def test_training_from_files_without_an_evaluation_set_finishes(tmp_path):
@@ -101,3 +125,41 @@ def test_smollm2_gsm8k_config_runs_sft_and_a_grpo_step_end_to_end(tmp_path, smol
     traj = json.loads(open(workdir / "eval_grpo.jsonl").readline())
     assert traj["messages"][0]["content"] == c.agent.system_prompt and not traj["error"]
     assert traj["finish_reason"] in ("answer", "no_answer", "max_turns")
+
+
+def test_an_evalplanner_run_serves_as_reagent_r_judge(tmp_path):
+    """rrm.judge=evalplanner: the last finished judge stage of an EvalPlanner workdir (DPO rounds,
+    then SFT, then seed), its own tokenizer, behind PairwiseRRM; unfinished stages are passed over."""
+    import jax
+    from reagent_jax import chat, checkpoint, models
+    from reagent_jax.evalplanner.reward import PairwiseRRM
+    from reagent_jax.rrm.base import JudgeFailure, JudgeRequest
+    from reagent_jax.rrm.parser import JudgementStatus
+
+    run = tmp_path / "ep"
+    tok = chat.build_compact_tokenizer(["Which response is better? [[A]] [[B]] plan execution"] * 4, vocab_size=300)
+    tok.save_pretrained(str(run / "tokenizer"))
+    cfg = models.preset("tiny", vocab_size=len(tok), compute_dtype="float32", num_layers=1)
+    for stage in ("judge_seed", "judge_sft", "judge_dpo_r1"):
+        checkpoint.save_params(str(run / stage / "final"), cfg, models.init_params(cfg, jax.random.PRNGKey(0)))
+    (run / "judge_dpo_r2" / "final").mkdir(parents=True)  # an interrupted round: no params yet
+    assert agent_pipeline.latest_judge_dir(str(run)) == str(run / "judge_dpo_r1" / "final")
+    with pytest.raises(ValueError, match="needs rrm.judge_dir"):
+        agent_pipeline.latest_judge_dir("")
+    with pytest.raises(ValueError, match="no finished judge stage"):
+        agent_pipeline.latest_judge_dir(str(tmp_path))
+
+    config = ml_collections.ConfigDict(dict(seed=0, rrm=dict(judge="evalplanner", judge_dir=str(run),
+                                                             judge_format="plan_execute", max_len=256,
+                                                             max_new_tokens=4)))
+    rollout = types.SimpleNamespace(num_slots=4, prefill_chunk=64, decode_steps=4)
+    judge = agent_pipeline.make_judge(types.SimpleNamespace(config=config, rollout=rollout, mesh=None))
+    try:
+        assert isinstance(judge, PairwiseRRM)
+        traj = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "answer"}]
+        out = judge.judge_many([JudgeRequest("q", traj), JudgeRequest("q", traj[:1] + [{"role": "assistant",
+                                                                                          "content": "other"}])])
+        assert len(out) == 2 and all(j.status in (JudgementStatus.OK, JudgeFailure.NO_REPLY) for j in out)
+        assert all(0.0 <= j.score <= 1.0 for j in out) and judge.stats.total == 2
+    finally:
+        judge.reward.judge.engine.stop_background()

@@ -120,6 +120,17 @@ def test_sft_context_weight_matches_numpy_and_accumulates():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), s1.params, s2.params)
     np.testing.assert_allclose(m1["train/loss"], m2["train/loss"], rtol=1e-5)
 
+    # context_mask (chat.render's, with weight-0 assistant turns): those tokens leave the context loss too
+    hidden = np.zeros_like(batch["loss_mask"])
+    hidden[:, 2:6] = 1
+    masked = dict(batch, loss_mask=batch["loss_mask"] * (1 - hidden),
+                  context_mask=(1 - batch["loss_mask"]) * (1 - hidden))
+    loss, _ = obj.loss(params, masked, obj.counts(masked))
+    lm = masked["loss_mask"][:, 1:].astype(bool)
+    cm = masked["attention_mask"][:, 1:].astype(bool) & masked["context_mask"][:, 1:].astype(bool)
+    assert cm.sum() < (batch["attention_mask"][:, 1:].astype(bool) & ~lm).sum()
+    np.testing.assert_allclose(float(loss), -lp[lm].mean() - 0.5 * lp[cm].mean(), rtol=1e-5)
+
 
 def test_one_step_on_8_devices_equals_single_device():
     """GRPO and SFT (fsdp 4 x tensor 2, fused output head) and DPO (data 2 x fsdp 2 x tensor 2):
