@@ -61,7 +61,7 @@ def get_config() -> ml_collections.ConfigDict:
     # evalplanner (a pairwise EvalPlanner judge from the run in judge_dir, for Reagent-R: group win rates).
     c.rrm = ml_collections.ConfigDict(dict(judge="rule", lam=0.3, refine_below=1.0, max_len=1536,
                                            max_new_tokens=160, base_urls="", model="", judge_dir="",
-                                           judge_format="plan_execute"))
+                                           judge_format="plan_execute", restate_question=False))
     c.rrm_sft = ml_collections.ConfigDict(dict(steps=200, batch_size=8, micro_batches=1, learning_rate=3e-3,
                                                warmup_steps=20, max_len=1536))
     c.rrm_grpo = ml_collections.ConfigDict(dict(

@@ -50,7 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
         max_grad_norm=1.0))
     c.rrm = ml_collections.ConfigDict(dict(judge="rule", lam=0.3, refine_below=1.0, max_len=1280,
                                            max_new_tokens=192, base_urls="", model="", judge_dir="",
-                                           judge_format="plan_execute"))
+                                           judge_format="plan_execute", restate_question=False))
     # Agent-RRM (`--config.stages=rrm_sft`): SmolLM2 learns the GSM8K rule annotator's judgements of
     # expert and flawed trajectories of the first num_examples training rows, then judges held-out ones.
     # (one row per micro-batch: 4 rows of 1152 tokens at once need over 22 GiB on the CPU)

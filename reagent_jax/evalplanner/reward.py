@@ -60,9 +60,11 @@ class PairwiseJudgeReward:
 
     def score_groups_and_count(self, groups: Sequence[tuple[str, Sequence[Trajectory], Trajectory | None]]
                                ) -> tuple[list[list[float]], list[list[int]]]:
-        """`score_groups`, and per trajectory how many of its comparisons got a verdict."""
+        """`score_groups`, and per trajectory how many of its comparisons were decided (a verdict,
+        or two identical texts)."""
         jobs, items = [], []  # jobs: (group, i, j, i_first)
         texts = []
+        decided: dict[tuple[int, int], int] = {}  # (group, trajectory) -> comparisons with a verdict or a tie
         for g, (question, trajectories, reference) in enumerate(groups):
             if not isinstance(question, str) or not question.strip():
                 raise ValueError(f"group {g}: question must be a non-empty string")
@@ -73,7 +75,9 @@ class PairwiseJudgeReward:
             texts.append((t, ref))
             for i, j in self._comparisons(len(t)):
                 a, b = t[i], (ref if j == -1 else t[j])
-                if a == b:
+                if a == b:  # a tie without asking: decided all the same
+                    for k in (i, j):
+                        decided[(g, k)] = decided.get((g, k), 0) + 1
                     continue
                 for i_first in ((True, False) if self.both_orders else (True,)):
                     jobs.append((g, i, j, i_first))
@@ -83,7 +87,6 @@ class PairwiseJudgeReward:
             raise ValueError(f"PairwiseJudgeReward: the judge returned {len(chains)} judgements for {len(items)} "
                              "comparisons")
         outcome: dict[tuple[int, int, int], list[float]] = {}
-        decided: dict[tuple[int, int], int] = {}  # (group, trajectory) -> its comparisons with a verdict
         for (g, i, j, i_first), ch in zip(jobs, chains):
             win = 0.5 if ch.verdict not in ("A", "B") else float((ch.verdict == "A") == i_first)
             outcome.setdefault((g, i, j), []).append(win)  # i's result against j
@@ -116,7 +119,7 @@ class PairwiseRRM:
     can use an EvalPlanner judge as its model reward. The items of one call that share a question
     form a group (a GRPO group) scored by `PairwiseJudgeReward`; each Judgement's score is the
     trajectory's win rate and its critique is empty (a pairwise judge writes none, so Reagent-C
-    and -U retries get the generic prompt). An item none of whose comparisons got a verdict is a
+    and -U retries get the generic prompt). An item none of whose comparisons was decided is a
     NO_REPLY failure with score 0.5 (counted in `stats`), never a silent tie; a question asked
     once has nothing to be compared with and scores 0.5 (OK)."""
 

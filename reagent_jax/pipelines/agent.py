@@ -90,13 +90,12 @@ def critique_conversations(ctx, registry, loop, items) -> list[list[dict]]:
     rng = random.Random(f"{ctx.config.seed}/critique")  # apart from by_hand's draws: those stay as they were
     chosen = [item for item in items if rng.random() < fraction]
     real = worlds.RegistryTools(registry)
-    system = loop.config.system_prompt
+    kw = dict(system_prompt=loop.config.system_prompt, restate_question=restate_question(ctx))
     if ctx.world is not None:
-        convs = [critique_demos.synthetic_critique_demonstration(ctx.world, q, rng, tools=real, system_prompt=system)
-                 for q in chosen]
+        convs = [critique_demos.synthetic_critique_demonstration(ctx.world, q, rng, tools=real, **kw) for q in chosen]
     else:
-        convs = [c for c in (critique_demos.gsm8k_critique_demonstration(r, real.python, rng, system_prompt=system)
-                             for r in chosen) if c is not None]
+        convs = [c for c in (critique_demos.gsm8k_critique_demonstration(r, real.python, rng, **kw) for r in chosen)
+                 if c is not None]
     log.info("SFT: %d attempt-critique-retry demonstrations (sft.critique_fraction=%g)", len(convs), fraction)
     return convs
 
@@ -201,9 +200,15 @@ def make_judge(ctx):
     return JUDGES.get(ctx.config.rrm.judge)(ctx)
 
 
+def restate_question(ctx) -> bool:
+    """rrm.restate_question: critique turns (demonstrations, Reagent-U and -C retries) end with the question."""
+    return bool(ctx.config.rrm.get("restate_question", False))
+
+
 def make_strategy(ctx, judge):
     r = ctx.config.rrm
-    return strategies.build(ctx.config.strategy, judge, strategies.RRMConfig(lam=r.lam, refine_below=r.refine_below))
+    return strategies.build(ctx.config.strategy, judge, strategies.RRMConfig(
+        lam=r.lam, refine_below=r.refine_below, restate_question=restate_question(ctx)))
 
 
 def rrm_engine(ctx, cfg, params) -> Engine:
@@ -312,7 +317,7 @@ def run(config, workdir: str) -> dict:
         elif config.strategy == "reagent_c" or config.eval.refinement:
             judge = judge or make_judge(ctx)
             ref = evaluate_refinement(eval_loop, judge, heldout, greedy=config.eval.greedy, seed=config.seed,
-                                      refine_below=config.rrm.refine_below)
+                                      refine_below=config.rrm.refine_below, restate_question=restate_question(ctx))
             ref_rows, ref_scores, extra_comparisons = agent_rrm.refinement_report(
                 ref, heldout, workdir, refine_below=config.rrm.refine_below,
                 selective_below=config.eval.get("selective_below", 0.5), seed=config.seed)

@@ -6,7 +6,7 @@ cut in the middle (head and tail kept, with a note) so one noisy page cannot cro
 
     build_rrm_messages(question, trajectory_messages, tools=None, max_tool_chars=3000,
                        multi_dim=False, with_confidence=False) -> [system, user]
-    build_refinement_message(critique) -> user message (the Reagent-C second-attempt turn)
+    build_refinement_message(critique[, question]) -> user message (the Reagent-C second-attempt turn)
     render_judgement(think, critique, score, sub_scores=None, confidence=None) -> str
         the exact output format the RRM is trained to produce (used for SFT targets)
 
@@ -215,10 +215,20 @@ def build_rrm_messages(
     ]
 
 
-def build_refinement_message(critique: str) -> dict[str, str]:
-    """The user turn that feeds a critique back to the agent for a second attempt (Reagent-C)."""
+RESTATED_QUESTION = "\n\nThe question again: {question}"
+
+
+def build_refinement_message(critique: str, question: str | None = None) -> dict[str, str]:
+    """The user turn that feeds a critique back to the agent for a second attempt (Reagent-C).
+
+    `question`: also restate the question at its end (`rrm.restate_question`). A small model
+    that must retry after a long first attempt loses track of a question asked hundreds of tokens
+    earlier (EXPERIMENTS.md, session 49); the restated one sits right before the retry."""
     critique = (critique or "").strip() or "The reviewer gave no specific critique. Check each step again."
-    return {"role": "user", "content": REFINEMENT_TEMPLATE.format(critique=critique)}
+    content = REFINEMENT_TEMPLATE.format(critique=critique)
+    if question is not None:
+        content += RESTATED_QUESTION.format(question=question.strip())
+    return {"role": "user", "content": content}
 
 
 def render_judgement(

@@ -36,6 +36,7 @@ class RRMConfig:
     lam_warmup: int = 0
     refine_below: float = 1.0             # selective refinement: refine when score < this (1.0: all)
     judge_refined: bool = True            # Reagent-U: also judge second attempts (for lam > 0)
+    restate_question: bool = False        # the critique turn ends with the question again
 
     def __post_init__(self):
         # A NaN or negative weight would silently poison or invert every reward of the run.
@@ -100,7 +101,8 @@ class ReagentU:
         lam = _lam(self.config, step)  # the training step, not a counter here: a resumed run keeps its schedule
         todo = [i for i, j in enumerate(js) if j.score < self.config.refine_below and first[i].finish_reason != "error"]
         loop.release([t for i, t in enumerate(first) if i not in set(todo)])
-        refined = loop.continue_many([(first[i], [build_refinement_message(js[i].critique)]) for i in todo])
+        refined = loop.continue_many([(first[i], [critique_turn(first[i], js[i], self.config.restate_question)])
+                                      for i in todo])
         for i, t in zip(todo, refined):
             t.critique = js[i].critique
         rule1 = np.array([score_trajectory(t) for t in first], np.float32)
@@ -119,8 +121,13 @@ class ReagentU:
                 np.concatenate([groups1, groups2]).astype(np.int32), m)
 
 
+def critique_turn(first, judgement, restate_question: bool = False) -> dict[str, str]:
+    """The user turn of a second attempt: the judge's critique (and the question again)."""
+    return build_refinement_message(judgement.critique, first.question["question"] if restate_question else None)
+
+
 def evaluate_refinement(loop, judge, records, *, greedy: bool = True, seed: int = 0,
-                        refine_below: float = 1.0) -> dict:
+                        refine_below: float = 1.0, restate_question: bool = False) -> dict:
     """Reagent-C at inference: attempt 1, judge critique, attempt 2 (cache reused) -> accuracies.
     Only attempts the judge scores below `refine_below` are retried (selective refinement)."""
     keep = loop.keeps_sessions(len(records))
@@ -128,7 +135,7 @@ def evaluate_refinement(loop, judge, records, *, greedy: bool = True, seed: int 
     js = judge_trajectories(judge, first)
     todo = [i for i, j in enumerate(js) if j.score < refine_below and first[i].finish_reason != "error"]
     loop.release([t for i, t in enumerate(first) if i not in set(todo)])
-    refined = loop.continue_many([(first[i], [build_refinement_message(js[i].critique)]) for i in todo],
+    refined = loop.continue_many([(first[i], [critique_turn(first[i], js[i], restate_question)]) for i in todo],
                                  greedy=greedy)
     s1 = np.array([score_trajectory(t) for t in first], np.float32)
     s2 = s1.copy()

@@ -30,9 +30,10 @@ Messages = list[dict[str, Any]]
 
 
 def critique_conversation(first_attempt: Sequence[Mapping[str, Any]], critique: str,
-                          retry: Sequence[Mapping[str, Any]]) -> Messages:
+                          retry: Sequence[Mapping[str, Any]], question: str | None = None) -> Messages:
     """`first_attempt` with its assistant turns at weight 0, the critique as the Reagent-C user
-    turn (`build_refinement_message`), then `retry`'s turns after its prompt (system and user)."""
+    turn (`build_refinement_message`, restating `question` when given), then `retry`'s turns
+    after its prompt (system and user)."""
     if not first_attempt or first_attempt[-1].get("role") != "assistant":
         raise ValueError("the first attempt must end with the agent's final assistant turn")
     start = next((i for i, m in enumerate(retry) if m.get("role") not in ("system", "user")), None)
@@ -41,7 +42,7 @@ def critique_conversation(first_attempt: Sequence[Mapping[str, Any]], critique: 
     if [dict(m) for m in retry[:start]] != [dict(m) for m in first_attempt[:start]]:
         raise ValueError("the retry must answer the same prompt as the first attempt")
     hidden = [{**m, "weight": 0} if m.get("role") == "assistant" else dict(m) for m in first_attempt]
-    return hidden + [build_refinement_message(critique)] + [dict(m) for m in retry[start:]]
+    return hidden + [build_refinement_message(critique, question)] + [dict(m) for m in retry[start:]]
 
 
 def _first_flaw(rng: random.Random, flaws: Sequence[str]) -> Optional[str]:
@@ -50,18 +51,20 @@ def _first_flaw(rng: random.Random, flaws: Sequence[str]) -> Optional[str]:
 
 
 def synthetic_critique_demonstration(world: SyntheticWorld, question: Question, rng: random.Random, *,
-                                     tools: WorldTools | None = None,
-                                     system_prompt: str | None = None) -> Messages:
+                                     tools: WorldTools | None = None, system_prompt: str | None = None,
+                                     restate_question: bool = False) -> Messages:
     """A synthetic-world question: a flawed (or expert) attempt, the rule judge's critique, the expert."""
     expert = expert_trajectory(world, question, tools=tools, system_prompt=system_prompt)
     flaw = _first_flaw(rng, applicable_flaws(question))
     first = expert if flaw is None else flawed_trajectory(world, question, flaw, seed=rng.randrange(2**31),
                                                           tools=tools, system_prompt=system_prompt)
-    return critique_conversation(first, rrm_annotator.annotate(question, first).critique, expert)
+    return critique_conversation(first, rrm_annotator.annotate(question, first).critique, expert,
+                                 question.question if restate_question else None)
 
 
 def gsm8k_critique_demonstration(record: Mapping[str, Any], python: Callable[[str], str], rng: random.Random,
-                                 *, system_prompt: Optional[str] = SOLVER_SYSTEM_PROMPT) -> Optional[Messages]:
+                                 *, system_prompt: Optional[str] = SOLVER_SYSTEM_PROMPT,
+                                 restate_question: bool = False) -> Optional[Messages]:
     """A GSM8K row with a worked solution: a flawed (or expert) attempt, the GSM8K annotator's
     critique, the expert; None when the row has no solution."""
     expert = annotated_trajectory(dict(record), python, system_prompt=system_prompt)
@@ -69,4 +72,5 @@ def gsm8k_critique_demonstration(record: Mapping[str, Any], python: Callable[[st
         return None
     flaw = _first_flaw(rng, gsm8k_annotator.FLAWS)
     first = (gsm8k_annotator.flawed_trajectory(record, flaw, python, rng, system_prompt) if flaw else None) or expert
-    return critique_conversation(first, gsm8k_annotator.annotate(record, first).critique, expert)
+    return critique_conversation(first, gsm8k_annotator.annotate(record, first).critique, expert,
+                                 record["question"] if restate_question else None)

@@ -152,5 +152,7 @@ def test_pairwise_rrm_scores_each_question_group_for_reagent_r():
     undecided = judge.judge_many([JudgeRequest("q", traj("x")), JudgeRequest("q", traj("y"))])  # no verdict at all
     assert [(j.status, j.score) for j in undecided] == [(JudgeFailure.NO_REPLY, 0.5)] * 2
     assert judge.stats.total == 5 and judge.stats.fraction(JudgeFailure.NO_REPLY.value) == 2 / 5
+    same = judge.judge_many([JudgeRequest("q", traj("x")), JudgeRequest("q", traj("x"))])  # a tie, never asked
+    assert [(j.status, j.score) for j in same] == [(JudgementStatus.OK, 0.5)] * 2
     with pytest.raises(ValueError, match="judge item 0"):
         rm.judge_many([("", traj("x"))])

@@ -119,6 +119,9 @@ def test_refinement_message_carries_the_critique():
     assert "You never looked up the area of Quoss." in m["content"]
     assert "\\boxed{...}" in m["content"] and "again" in m["content"]
     assert "no specific critique" in rrm.build_refinement_message("  ")["content"]
+    restated = rrm.build_refinement_message("Check the sum.", "What is 2 + 3? ")["content"]
+    assert restated == m["content"].replace("You never looked up the area of Quoss.", "Check the sum.") + \
+        "\n\nThe question again: What is 2 + 3?"
 
 
 def test_bad_inputs_raise_clear_errors():

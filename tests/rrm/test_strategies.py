@@ -66,6 +66,21 @@ def test_reagent_u_pools_initial_and_refined_and_masks_new_tokens_only(setup):
     np.testing.assert_allclose(adv[groups == 0], (g0 - g0.mean()) / (g0.std(ddof=1) + 1e-6), rtol=1e-5)
 
 
+def test_restate_question_ends_every_critique_turn_with_the_question(setup):
+    """rrm.restate_question: Reagent-U's and Reagent-C's critique turns end with the question, which
+    a small model otherwise loses hundreds of tokens back; off, the turn is the critique alone."""
+    world, tok, loop = setup
+    records = world.records("train")[:2]
+    for restate in (False, True):
+        strat = strategies.ReagentU(RuleJudge(), strategies.RRMConfig(lam=0.0, restate_question=restate))
+        trajs, _, _, _ = strat.collect(loop, records, n=1, seed=0)
+        ref = strategies.evaluate_refinement(loop, RuleJudge(), records, restate_question=restate)
+        for first, second in list(zip(trajs[:2], trajs[2:])) + list(zip(ref["first"], ref["refined"])):
+            turn = second.messages[len(first.messages)]
+            assert turn["role"] == "user" and turn["content"].startswith("A reviewer examined your attempt")
+            assert turn["content"].endswith(f"The question again: {first.question['question']}") == restate
+
+
 def test_selective_refinement_and_reagent_r_reward(setup):
     world, tok, loop = setup
     records = world.records("train")[:2]
@@ -149,7 +164,7 @@ def test_strategies_and_judges_are_registries_that_configs_name():
     assert isinstance(strategies.build("reagent_u", judge, cfg), strategies.ReagentU)
     with pytest.raises(ValueError, match=r"unknown strategy 'reagent_x'; registered: \['grpo', 'reagent_c'"):
         strategies.build("reagent_x", judge)
-    assert list(JUDGES) == ["rule", "local", "remote"]
+    assert list(JUDGES) == ["rule", "local", "remote", "evalplanner"]
     assert isinstance(JUDGES.get("rule")(None), RuleJudge)
     with pytest.raises(ValueError, match="unknown Agent-RRM judge 'llm'"):
         JUDGES.get("llm")

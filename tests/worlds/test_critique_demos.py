@@ -53,6 +53,10 @@ def test_synthetic_demonstrations_carry_the_rule_judges_critique_and_train_only_
         trained = tok.decode([i for i, m in zip(r.ids, r.loss_mask) if m])
         assert trained.count("<|im_end|>") == sum(m["role"] == "assistant" for m in retry)
     assert None in flaws and len(flaws) >= 4  # sound attempts and several kinds of flaw
+    restated = critique_demos.synthetic_critique_demonstration(world, world.train[1], random.Random(0),
+                                                               system_prompt=SYSTEM, restate_question=True)
+    turn = next(m for i, m in enumerate(restated) if m["role"] == "user" and i > 1)
+    assert turn["content"].endswith(f"The question again: {world.train[1].question}")
     again = critique_demos.synthetic_critique_demonstration(world, world.train[0], random.Random(0), system_prompt=SYSTEM)
     assert again == critique_demos.synthetic_critique_demonstration(world, world.train[0], random.Random(0),
                                                                     system_prompt=SYSTEM)
