@@ -34,3 +34,21 @@ def test_pad_rows_pads_to_bucket_and_batch_size():
     assert b["loss_mask"][0].tolist()[:4] == [0, 1, 1, 0]
     with pytest.raises(ValueError, match="do not fit"):
         pad_rows(rows * 3, buckets=(64,), batch_size=4)
+
+
+def test_sft_rows_carry_the_context_mask_of_weight_zero_turns_into_the_batch():
+    """render_examples -> pad_rows keeps `context_mask` (int32), so a weight-0 assistant turn stays
+    out of the SFT objective's context loss as well as its loss mask."""
+    from reagent_jax import chat
+    from reagent_jax.trainers.sft import render_examples
+    tok = chat.load_tokenizer(None)
+    conv = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "5", "weight": 0},
+            {"role": "user", "content": "Wrong, again."}, {"role": "assistant", "content": "4"}]
+    rows = render_examples(tok, [conv])
+    b = pad_rows(rows, buckets=(64,), batch_size=2)
+    assert b["context_mask"].dtype == np.int32 and b["context_mask"].shape == b["tokens"].shape
+    n = len(rows[0]["tokens"])
+    hidden = (b["attention_mask"][0, :n] == 1) & (b["loss_mask"][0, :n] == 0) & (b["context_mask"][0, :n] == 0)
+    assert tok.decode(b["tokens"][0, :n][hidden]).strip() == "<|im_start|>assistant\n<think>\n\n</think>\n\n5<|im_end|>"
+    assert tok.decode(b["tokens"][0, :n][b["loss_mask"][0, :n] == 1]).endswith("4<|im_end|>")
+    assert not b["context_mask"][1].any()  # the padding row
