@@ -69,8 +69,7 @@ def sft_conversations(ctx, registry, loop, train_records) -> list[list[dict]]:
             ctx, registry, loop, questions)
     if ctx.config.data.get("sft_from", "") == "solutions":
         convs = solution_conversations(ctx, registry, loop, train_records)
-        return convs + critique_conversations(ctx, registry, loop,
-                                              train_records[:ctx.blocks["sft"].num_examples or None])
+        return convs + critique_conversations(ctx, registry, loop, train_records)
     if ctx.blocks["sft"].critique_fraction:
         raise ValueError("sft.critique_fraction needs demonstrations it can build (the synthetic world or "
                          "data.sft_from='solutions'); put attempt-critique-retry rows in data.sft_path instead, "
@@ -83,10 +82,13 @@ def sft_conversations(ctx, registry, loop, train_records) -> list[list[dict]]:
 
 def critique_conversations(ctx, registry, loop, items) -> list[list[dict]]:
     """Attempt (out of the loss), the rule judge's critique, the expert's retry, for a seeded
-    `sft.critique_fraction` of `items` (world questions or solution rows): `worlds.critique_demos`."""
+    `sft.critique_fraction` of the first `sft.num_examples` `items` (world questions or solution
+    rows, any indexable source): `worlds.critique_demos`."""
     fraction = ctx.blocks["sft"].critique_fraction
     if not fraction:
         return []
+    limit = min(ctx.blocks["sft"].num_examples or len(items), len(items))
+    items = [items[i] for i in range(limit)]
     rng = random.Random(f"{ctx.config.seed}/critique")  # apart from by_hand's draws: those stay as they were
     chosen = [item for item in items if rng.random() < fraction]
     real = worlds.RegistryTools(registry)
@@ -202,7 +204,7 @@ def make_judge(ctx):
 
 def restate_question(ctx) -> bool:
     """rrm.restate_question: critique turns (demonstrations, Reagent-U and -C retries) end with the question."""
-    return bool(ctx.config.rrm.get("restate_question", False))
+    return bool((ctx.config.get("rrm") or {}).get("restate_question", False))
 
 
 def make_strategy(ctx, judge):
