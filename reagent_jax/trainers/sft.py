@@ -20,9 +20,11 @@ log = logging.getLogger(__name__)
 
 def render_examples(tokenizer, conversations: Sequence[list[dict]], tools: Optional[list] = None,
                     max_len: Optional[int] = None) -> list[dict]:
-    """Chat conversations -> {"tokens", "loss_mask", "context_mask"} rows (train-mode rendering);
-    over-long conversations are dropped with a counted warning rather than silently truncated.
-    `context_mask` leaves weight-0 assistant turns out of the context loss too (see `chat.render`)."""
+    """Chat conversations -> {"tokens", "loss_mask"} rows (train-mode rendering); over-long
+    conversations are dropped with a counted warning rather than silently truncated. When a
+    conversation has a weight-0 assistant turn, every row also carries `context_mask`, which leaves
+    those turns out of the context loss too (see `chat.render`); otherwise the context is every
+    non-loss token and the SFT program keeps its usual inputs."""
     rows, dropped = [], 0
     for msgs in conversations:
         r = chat.render(tokenizer, msgs, tools=tools, mode="train")
@@ -30,6 +32,9 @@ def render_examples(tokenizer, conversations: Sequence[list[dict]], tools: Optio
             dropped += 1
             continue
         rows.append({"tokens": list(r.ids), "loss_mask": list(r.loss_mask), "context_mask": list(r.context_mask)})
+    if all(c == 1 - m for row in rows for c, m in zip(row["context_mask"], row["loss_mask"])):
+        for row in rows:
+            del row["context_mask"]
     if dropped:
         log.warning("SFT: dropped %d of %d conversations longer than max_len=%s", dropped, len(conversations), max_len)
     if not rows:

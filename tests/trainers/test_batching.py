@@ -52,3 +52,4 @@ def test_sft_rows_carry_the_context_mask_of_weight_zero_turns_into_the_batch():
     assert tok.decode(b["tokens"][0, :n][hidden]).strip() == "<|im_start|>assistant\n<think>\n\n</think>\n\n5<|im_end|>"
     assert tok.decode(b["tokens"][0, :n][b["loss_mask"][0, :n] == 1]).endswith("4<|im_end|>")
     assert not b["context_mask"][1].any()  # the padding row
+    assert "context_mask" not in render_examples(tok, [conv[2:]])[0]  # no weight-0 turn: the usual SFT inputs
